@@ -1,0 +1,33 @@
+//! The qforge graph IR.
+//!
+//! * [`Tensor`]: a dense n-dimensional array of any ONNX element type, including packed
+//!   4-bit integers, with 8-byte-aligned shared storage.
+//! * [`Graph`], [`Node`], [`Value`]: an SSA dataflow graph. Values are edges; every value has
+//!   at most one producer. Subgraphs (If/Loop/Scan bodies) live in node attributes and refer to
+//!   values of enclosing graphs through [`ValueKind::Outer`] values.
+//! * [`Patch`]: the only way passes edit a graph besides appending. A rewrite builds a patch
+//!   and [`Graph::apply`] commits it atomically.
+//! * [`Graph::check`]: structural consistency (dangling values, cycles, duplicate names,
+//!   declared types versus constant data).
+//! * [`Model`]: a graph plus the model-level metadata of an ONNX file.
+
+mod attr;
+mod check;
+mod dtype;
+mod error;
+mod graph;
+mod model;
+mod patch;
+mod scope;
+mod tensor;
+mod types;
+
+pub use attr::{Attr, Attribute};
+pub use dtype::DType;
+pub use error::{IrError, IrResult};
+pub use graph::{Graph, Node, NodeId, Value, ValueId, ValueKind};
+pub use model::{Function, Model, OpsetImport};
+pub use patch::Patch;
+pub use scope::node_scope;
+pub use tensor::{Elem, Tensor};
+pub use types::{Dim, Shape, ValueType};
