@@ -1,0 +1,1 @@
+//! ONNX model loading and saving.

@@ -1,0 +1,114 @@
+//! The kernel interface and the operator registry.
+//!
+//! An operator is one registry line: `(domain, op_type, first opset, last opset) -> builder`.
+//! A builder runs once per node when a session is planned: it reads the node's attributes,
+//! may inspect or pre-pack constant inputs, and returns a [`Kernel`] that the session calls
+//! for every run.
+
+use std::collections::HashMap;
+
+use qforge_ir::{Graph, Node, NodeId, Tensor, ValueType};
+
+use crate::{RuntimeError, RuntimeResult};
+
+/// What a kernel builder sees of its node.
+pub struct NodeInfo<'a> {
+    pub node: &'a Node,
+    pub id: NodeId,
+    pub graph: &'a Graph,
+    /// The opset version of the node's domain imported by the model.
+    pub opset: i64,
+    /// Constant data of each input, when it is an initializer (or folded to a constant).
+    pub const_inputs: Vec<Option<&'a Tensor>>,
+    /// Declared or inferred type of each input, when known.
+    pub input_types: Vec<Option<&'a ValueType>>,
+}
+
+impl NodeInfo<'_> {
+    /// A [`RuntimeError::Node`] naming this node.
+    pub fn error(&self, reason: impl Into<String>) -> RuntimeError {
+        RuntimeError::Node { node: self.node.display_name(self.id), op: self.node.op_type.clone(), reason: reason.into() }
+    }
+    pub fn attr_int(&self, name: &str, default: i64) -> i64 {
+        self.node.attr_int(name).unwrap_or(default)
+    }
+    pub fn attr_float(&self, name: &str, default: f32) -> f32 {
+        self.node.attr_float(name).unwrap_or(default)
+    }
+    pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.node.attr_ints(name).map(|v| v.to_vec())
+    }
+    pub fn attr_str(&self, name: &str, default: &str) -> String {
+        self.node.attr_str(name).unwrap_or(default).to_string()
+    }
+}
+
+/// Per-run context handed to kernels.
+pub struct RunCtx<'a> {
+    /// Values of enclosing graphs that subgraphs read by name (for control-flow kernels).
+    pub outer: &'a dyn Fn(&str) -> Option<Tensor>,
+    /// Runs a subgraph held by the node (attribute name, index within a GRAPHS attribute)
+    /// with the given inputs and returns its outputs. Set by the session for control flow.
+    pub run_subgraph: &'a dyn Fn(&str, usize, Vec<Option<Tensor>>, &dyn Fn(&str) -> Option<Tensor>) -> RuntimeResult<Vec<Tensor>>,
+}
+
+/// A planned operator instance.
+pub trait Kernel: Send + Sync {
+    /// Computes the node's outputs. `inputs[i]` is `None` for an omitted optional input.
+    /// Returns one tensor per declared output (omitted optional outputs may be any tensor).
+    fn run(&self, inputs: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>>;
+}
+
+/// Plans a kernel for one node.
+pub type KernelBuilder = fn(&NodeInfo) -> RuntimeResult<Box<dyn Kernel>>;
+
+struct Entry {
+    since: i64,
+    until: i64,
+    build: KernelBuilder,
+}
+
+/// Kernels by (domain, op type), each covering a range of opset versions.
+#[derive(Default)]
+pub struct Registry {
+    ops: HashMap<(String, String), Vec<Entry>>,
+}
+
+fn norm_domain(d: &str) -> &str {
+    if d == "ai.onnx" { "" } else { d }
+}
+
+impl Registry {
+    /// Registers a kernel for opsets `since..=until` of `domain`.
+    pub fn add(&mut self, domain: &str, op_type: &str, since: i64, until: i64, build: KernelBuilder) {
+        self.ops.entry((norm_domain(domain).to_string(), op_type.to_string())).or_default().push(Entry { since, until, build });
+    }
+
+    /// The builder for an op at an opset, if the registry has one.
+    pub fn lookup(&self, domain: &str, op_type: &str, opset: i64) -> Option<KernelBuilder> {
+        self.ops.get(&(norm_domain(domain).to_string(), op_type.to_string()))?
+            .iter().find(|e| (e.since..=e.until).contains(&opset)).map(|e| e.build)
+    }
+
+    /// Whether any opset of the op is supported.
+    pub fn knows(&self, domain: &str, op_type: &str) -> bool {
+        self.ops.contains_key(&(norm_domain(domain).to_string(), op_type.to_string()))
+    }
+
+    /// All registered (domain, op type) pairs, sorted.
+    pub fn op_types(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self.ops.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// The registry with every built-in kernel.
+    pub fn builtin() -> Registry {
+        let mut r = Registry::default();
+        crate::kernels::register_all(&mut r);
+        r
+    }
+}
+
+/// Opset bound for "every later version".
+pub const LATEST: i64 = i64::MAX;
