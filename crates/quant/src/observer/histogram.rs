@@ -1,0 +1,213 @@
+use serde::{Deserialize, Serialize};
+
+/// The smallest bin-width exponent: below every positive float32.
+const MIN_EXP: i32 = -160;
+
+/// A histogram on a canonical grid, so merges are exact and order-independent.
+///
+/// Bins have width `2^exp` and are aligned to zero: bin `k` holds values in
+/// `[k * 2^exp, (k + 1) * 2^exp)`. `exp` is the smallest exponent for which the observed range
+/// `[min, max]` spans at most `max_bins` bins, a function of the global range alone. Coarsening
+/// merges bins pairwise exactly (each coarse bin is the union of two finer ones), so a histogram
+/// built from any batching or sharding of the same data is identical to one built in one pass.
+/// The zero-aligned grid also makes folding negative onto positive bins exact (histograms of
+/// `|x|`, as TensorRT's entropy calibration uses).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Histogram {
+    pub max_bins: usize,
+    /// Bin width is `2^exp`.
+    pub exp: i32,
+    /// Grid index of `counts[0]`.
+    pub first: i64,
+    pub counts: Vec<u64>,
+    /// Exact observed extremes (`+inf` / `-inf` before any finite value).
+    pub min: f32,
+    pub max: f32,
+    pub nonfinite: u64,
+}
+
+fn bin_of(x: f32, exp: i32) -> i64 {
+    // Scaling by a power of two is exact in f64 for every float32 and exponent used here.
+    (x as f64 * 2f64.powi(-exp)).floor() as i64
+}
+
+/// Bins spanned by `[min, max]` at width `2^exp`.
+fn span(min: f32, max: f32, exp: i32) -> i64 {
+    bin_of(max, exp) - bin_of(min, exp) + 1
+}
+
+/// The smallest exponent at which `[min, max]` spans at most `max_bins` bins.
+fn grid_exp(min: f32, max: f32, max_bins: usize) -> i32 {
+    let width = max as f64 - min as f64;
+    let mut e = if width > 0.0 { ((width / max_bins as f64).log2().floor() as i32).max(MIN_EXP) } else { MIN_EXP };
+    while span(min, max, e) > max_bins as i64 {
+        e += 1;
+    }
+    e
+}
+
+impl Histogram {
+    /// An empty histogram of at most `max_bins` bins (at least 2).
+    pub fn new(max_bins: usize) -> Histogram {
+        Histogram { max_bins: max_bins.max(2), exp: MIN_EXP, first: 0, counts: vec![], min: f32::INFINITY, max: f32::NEG_INFINITY, nonfinite: 0 }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    pub fn bin_width(&self) -> f64 {
+        2f64.powi(self.exp)
+    }
+
+    /// Lower edge of bin `i` of `counts`.
+    pub fn bin_start(&self, i: usize) -> f64 {
+        (self.first + i as i64) as f64 * self.bin_width()
+    }
+
+    /// Re-bins to a coarser exponent.
+    fn coarsen(&mut self, exp: i32) {
+        if exp <= self.exp || self.counts.is_empty() {
+            self.exp = self.exp.max(exp);
+            return;
+        }
+        let shift = (exp - self.exp) as u32;
+        let coarse = |k: i64| if shift >= 63 { if k < 0 { -1 } else { 0 } } else { k >> shift };
+        let first = coarse(self.first);
+        let last = coarse(self.first + self.counts.len() as i64 - 1);
+        let mut counts = vec![0u64; (last - first + 1) as usize];
+        for (i, &c) in self.counts.iter().enumerate() {
+            counts[(coarse(self.first + i as i64) - first) as usize] += c;
+        }
+        self.exp = exp;
+        self.first = first;
+        self.counts = counts;
+    }
+
+    /// Makes room for grid indices `[lo, hi]` at the current exponent.
+    fn cover(&mut self, lo: i64, hi: i64) {
+        if self.counts.is_empty() {
+            self.first = lo;
+            self.counts = vec![0; (hi - lo + 1) as usize];
+            return;
+        }
+        let last = self.first + self.counts.len() as i64 - 1;
+        let (new_first, new_last) = (self.first.min(lo), last.max(hi));
+        if new_first < self.first {
+            let mut counts = vec![0u64; (self.first - new_first) as usize];
+            counts.append(&mut self.counts);
+            self.counts = counts;
+            self.first = new_first;
+        }
+        self.counts.resize((new_last - self.first + 1) as usize, 0);
+    }
+
+    /// Adds values. Non-finite values are counted separately.
+    pub fn observe(&mut self, data: &[f32]) {
+        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+        for &x in data {
+            if x.is_finite() {
+                lo = lo.min(x);
+                hi = hi.max(x);
+            } else {
+                self.nonfinite += 1;
+            }
+        }
+        if lo > hi {
+            return;
+        }
+        self.min = self.min.min(lo);
+        self.max = self.max.max(hi);
+        self.coarsen(grid_exp(self.min, self.max, self.max_bins));
+        self.cover(bin_of(lo, self.exp), bin_of(hi, self.exp));
+        for &x in data {
+            if x.is_finite() {
+                self.counts[(bin_of(x, self.exp) - self.first) as usize] += 1;
+            }
+        }
+    }
+
+    /// Combines another histogram with the same `max_bins` into this one.
+    pub fn merge(&mut self, other: &Histogram) -> Result<(), String> {
+        if other.max_bins != self.max_bins {
+            return Err(format!("cannot merge a {}-bin histogram into a {}-bin one", other.max_bins, self.max_bins));
+        }
+        self.nonfinite += other.nonfinite;
+        if other.counts.is_empty() {
+            return Ok(());
+        }
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        let exp = grid_exp(self.min, self.max, self.max_bins);
+        self.coarsen(exp);
+        let mut o = other.clone();
+        o.coarsen(exp);
+        self.cover(o.first, o.first + o.counts.len() as i64 - 1);
+        for (i, c) in o.counts.iter().enumerate() {
+            self.counts[(o.first - self.first) as usize + i] += c;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n).map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.3) * 10.0
+        }).collect()
+    }
+
+    #[test]
+    fn batching_does_not_change_the_result() {
+        let d = data(5000, 7);
+        let mut whole = Histogram::new(256);
+        whole.observe(&d);
+        assert_eq!(whole.total(), 5000);
+        assert!(whole.counts.len() <= 256);
+        let mut parts: Vec<Histogram> = d.chunks(333).map(|c| {
+            let mut h = Histogram::new(256);
+            h.observe(c);
+            h
+        }).collect();
+        let mut merged = parts.pop().unwrap();
+        while let Some(p) = parts.pop() {
+            merged.merge(&p).unwrap();
+        }
+        assert_eq!(merged, whole);
+        let mut streamed = Histogram::new(256);
+        for c in d.chunks(17) {
+            streamed.observe(c);
+        }
+        assert_eq!(streamed, whole);
+    }
+
+    #[test]
+    fn bins_hold_their_values() {
+        let d = data(1000, 3);
+        let mut h = Histogram::new(64);
+        h.observe(&d);
+        for &x in &d {
+            let i = ((x as f64 / h.bin_width()).floor() as i64 - h.first) as usize;
+            assert!(h.bin_start(i) <= x as f64 && (x as f64) < h.bin_start(i + 1));
+        }
+        assert!(h.bin_start(0) <= h.min as f64 && h.max as f64 <= h.bin_start(h.counts.len()));
+    }
+
+    #[test]
+    fn constant_and_nonfinite_input() {
+        let mut h = Histogram::new(16);
+        h.observe(&[0.0, 0.0, f32::NAN]);
+        assert_eq!(h.total(), 2);
+        assert_eq!(h.nonfinite, 1);
+        h.observe(&[1.0]);
+        assert_eq!(h.total(), 3);
+        assert!(h.counts.len() <= 16);
+    }
+}
