@@ -6,6 +6,7 @@
 
 mod histogram;
 mod minmax;
+pub mod search;
 
 pub use histogram::Histogram;
 pub use minmax::MinMax;
