@@ -137,3 +137,90 @@ mod tests {
         assert!((lo - 1.0).abs() < 1e-9 && (hi - 99.0).abs() < 1e-9, "{lo} {hi}");
     }
 }
+
+/// A histogram over `[-t, t]` with an even number of bins, the form the entropy search takes.
+/// Made from a zero-aligned [`Histogram`] by padding it with empty bins to symmetric extent.
+pub fn symmetric_bins(h: &Histogram) -> (Vec<f64>, f64) {
+    if h.counts.is_empty() {
+        return (vec![0.0, 0.0], 0.0);
+    }
+    let last = h.first + h.counts.len() as i64;
+    let k = h.first.abs().max(last.abs()).max(1);
+    let mut counts = vec![0.0; 2 * k as usize];
+    for (i, &c) in h.counts.iter().enumerate() {
+        counts[(h.first + i as i64 + k) as usize] = c as f64;
+    }
+    (counts, k as f64 * h.bin_width())
+}
+
+/// KL-divergence (entropy) calibration as TensorRT describes it and ONNX Runtime implements it
+/// (`HistogramCollector.get_entropy_threshold`): for each candidate symmetric window of the
+/// histogram `counts` over `[-t, t]`, fold the outliers into the edge bins (reference `p`),
+/// quantize the window to `num_quantized_bins` levels and expand back (candidate `q`, spread
+/// over the non-empty bins), smooth both, and keep the window with the smallest KL(p || q).
+/// The result is clipped to the observed `[min, max]`.
+pub fn entropy_search(counts: &[f64], t: f64, min: f64, max: f64, num_quantized_bins: usize) -> (f64, f64) {
+    let num_bins = counts.len();
+    let zero = num_bins / 2;
+    let half_q = num_quantized_bins / 2;
+    if num_bins == 0 || half_q == 0 || zero < half_q {
+        return (min, max);
+    }
+    let edge = |i: usize| -t + 2.0 * t * i as f64 / num_bins as f64;
+    let mut best = (f64::INFINITY, (min, max));
+    for i in half_q..=zero {
+        let start = zero - i;
+        let end = (zero + i + 1).min(num_bins);
+        let slice = &counts[start..end];
+        let mut p = slice.to_vec();
+        p[0] += counts[..start].iter().sum::<f64>();
+        *p.last_mut().unwrap() += counts[end..].iter().sum::<f64>();
+        let merged = slice.len() / num_quantized_bins;
+        let mut quantized = vec![0.0f64; num_quantized_bins];
+        for (k, qb) in quantized.iter_mut().enumerate() {
+            *qb = slice[k * merged..(k + 1) * merged].iter().sum();
+        }
+        *quantized.last_mut().unwrap() += slice[num_quantized_bins * merged..].iter().sum::<f64>();
+        let mut q = vec![0.0f64; p.len()];
+        for (k, &qb) in quantized.iter().enumerate() {
+            let range = k * merged..(k + 1) * merged;
+            let nonzero = p[range.clone()].iter().filter(|&&x| x != 0.0).count();
+            if nonzero != 0 {
+                // ORT stores q as int64: the share is truncated.
+                let share = (qb / nonzero as f64).trunc();
+                q[range].iter_mut().for_each(|x| *x = share);
+            }
+        }
+        let div = match (smooth(&p), smooth(&q)) {
+            (Some(p), Some(q)) => kl_divergence(&p, &q),
+            _ => f64::INFINITY,
+        };
+        if div < best.0 {
+            best = (div, (edge(start), edge(end)));
+        }
+    }
+    let (lo, hi) = best.1;
+    (lo.max(min), hi.min(max))
+}
+
+/// Replaces zeros with `eps` and takes the same total off the non-zero entries
+/// (ONNX Runtime's `smooth_distribution`, eps = 1e-4). `None` when every entry is zero.
+fn smooth(p: &[f64]) -> Option<Vec<f64>> {
+    let eps = 1e-4;
+    let zeros = p.iter().filter(|&&x| x == 0.0).count();
+    let nonzeros = p.len() - zeros;
+    if nonzeros == 0 {
+        return None;
+    }
+    let eps1 = eps * zeros as f64 / nonzeros as f64;
+    Some(p.iter().map(|&x| if x == 0.0 { eps } else { x - eps1 }).collect())
+}
+
+/// KL(p || q) of two unnormalized distributions, in nats.
+fn kl_divergence(p: &[f64], q: &[f64]) -> f64 {
+    let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
+    p.iter().zip(q).map(|(&a, &b)| {
+        let (a, b) = (a / sp, b / sq);
+        if a > 0.0 && b > 0.0 { a * (a / b).ln() } else if a == 0.0 { 0.0 } else { f64::INFINITY }
+    }).sum()
+}
