@@ -3,8 +3,13 @@
 //! * [`qparams`]: integer types, schemes, scale/zero-point computation and the quantize
 //!   primitive, following PyTorch's observers or ONNX Runtime's quantizer by choice.
 //! * [`observer`]: streaming, mergeable calibration statistics.
+//! * [`spec`] and [`annotation`]: what each node input and output is quantized to.
+//! * [`pattern`]: graph patterns as data.
 
+pub mod annotation;
 pub mod observer;
+pub mod pattern;
 pub mod qparams;
+pub mod spec;
 
 pub use qparams::{Convention, QParams, QScheme, QType};

@@ -1,0 +1,77 @@
+//! Node annotations: the output of a quantizer's `annotate` step.
+
+use std::collections::BTreeMap;
+
+use qforge_ir::NodeId;
+
+use crate::spec::{Edge, Spec};
+
+/// What one node's inputs and outputs are quantized to. A `None` entry (or a missing one)
+/// keeps that edge in float.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeAnnotation {
+    pub inputs: Vec<Option<Spec>>,
+    pub outputs: Vec<Option<Spec>>,
+    /// The rule or pattern that produced the annotation, for the report.
+    pub rule: String,
+    /// Nodes quantized together as one unit (a fused pattern), root first.
+    pub group: Vec<NodeId>,
+}
+
+impl NodeAnnotation {
+    pub fn input(&self, i: usize) -> Option<&Spec> {
+        self.inputs.get(i).and_then(|s| s.as_ref())
+    }
+    pub fn output(&self, i: usize) -> Option<&Spec> {
+        self.outputs.get(i).and_then(|s| s.as_ref())
+    }
+    /// Sets the spec of input `i`, growing the list as needed.
+    pub fn set_input(&mut self, i: usize, spec: Spec) {
+        if self.inputs.len() <= i {
+            self.inputs.resize(i + 1, None);
+        }
+        self.inputs[i] = Some(spec);
+    }
+    pub fn set_output(&mut self, i: usize, spec: Spec) {
+        if self.outputs.len() <= i {
+            self.outputs.resize(i + 1, None);
+        }
+        self.outputs[i] = Some(spec);
+    }
+}
+
+/// Why a node stays in float.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FloatReason {
+    pub node: NodeId,
+    pub reason: String,
+}
+
+/// Annotations of a whole graph, plus the nodes deliberately left in float with reasons.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Annotations {
+    pub nodes: BTreeMap<NodeId, NodeAnnotation>,
+    pub float: Vec<FloatReason>,
+}
+
+impl Annotations {
+    pub fn get(&self, n: NodeId) -> Option<&NodeAnnotation> {
+        self.nodes.get(&n)
+    }
+    pub fn is_annotated(&self, n: NodeId) -> bool {
+        self.nodes.contains_key(&n)
+    }
+    /// The spec of an edge, if annotated.
+    pub fn spec(&self, e: Edge) -> Option<&Spec> {
+        match e {
+            Edge::Input { node, index } => self.nodes.get(&node)?.input(index),
+            Edge::Output { node, index } => self.nodes.get(&node)?.output(index),
+        }
+    }
+    /// Records that `node` stays in float, unless a reason was already given.
+    pub fn keep_float(&mut self, node: NodeId, reason: impl Into<String>) {
+        if !self.float.iter().any(|f| f.node == node) {
+            self.float.push(FloatReason { node, reason: reason.into() });
+        }
+    }
+}
