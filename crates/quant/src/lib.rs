@@ -5,8 +5,10 @@
 //! * [`observer`]: streaming, mergeable calibration statistics.
 //! * [`spec`] and [`annotation`]: what each node input and output is quantized to.
 //! * [`pattern`]: graph patterns as data.
+//! * [`backend`]: BackendConfig, what a deployment target supports, as data.
 
 pub mod annotation;
+pub mod backend;
 pub mod observer;
 pub mod pattern;
 pub mod qparams;

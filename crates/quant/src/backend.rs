@@ -1,0 +1,289 @@
+//! BackendConfig: what a deployment target supports, as data (one TOML file per target).
+//!
+//! This is the single source of what a target can run quantized: its supported patterns, the
+//! dtype combinations each pattern accepts (with constraints on ranges and scales), and how
+//! the pattern's output is observed. Built-in targets live in `backends/*.toml` at the
+//! repository root and are compiled in; users can load their own file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::pattern::Pattern;
+use crate::spec::{Granularity, QuantizationSpec};
+use crate::{Convention, QType};
+
+/// An element type in a dtype config: a quantized integer type, or float (not quantized).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigDType {
+    U4,
+    S4,
+    U8,
+    S8,
+    U16,
+    S16,
+    S32,
+    F32,
+}
+
+impl ConfigDType {
+    /// The integer type, or `None` for float.
+    pub fn qtype(self) -> Option<QType> {
+        Some(match self {
+            ConfigDType::U4 => QType::U4,
+            ConfigDType::S4 => QType::S4,
+            ConfigDType::U8 => QType::U8,
+            ConfigDType::S8 => QType::S8,
+            ConfigDType::U16 => QType::U16,
+            ConfigDType::S16 => QType::S16,
+            ConfigDType::S32 => QType::S32,
+            ConfigDType::F32 => return None,
+        })
+    }
+}
+
+/// Which granularities a target accepts for a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GranularityKind {
+    PerTensor,
+    PerChannel,
+    PerBlock,
+}
+
+impl GranularityKind {
+    pub fn of(g: &Granularity) -> GranularityKind {
+        match g {
+            Granularity::PerTensor => GranularityKind::PerTensor,
+            Granularity::PerAxis { .. } => GranularityKind::PerChannel,
+            Granularity::PerBlock { .. } => GranularityKind::PerBlock,
+        }
+    }
+}
+
+/// A dtype with the target's constraints on how it may be quantized
+/// (PyTorch's `DTypeWithConstraints`, plus symmetry and granularity).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DTypeWithConstraints {
+    pub dtype: ConfigDType,
+    pub quant_min_lower_bound: Option<i64>,
+    pub quant_max_upper_bound: Option<i64>,
+    pub scale_min_lower_bound: Option<f32>,
+    pub scale_max_upper_bound: Option<f32>,
+    /// The target needs exactly this scale (fixed-qparams ops).
+    pub scale_exact_match: Option<f32>,
+    pub zero_point_exact_match: Option<i64>,
+    /// The target needs symmetric (`true`) or accepts only affine (`false`) quantization.
+    pub symmetric: Option<bool>,
+    /// Accepted granularities; all when absent.
+    pub granularity: Option<Vec<GranularityKind>>,
+    /// Accepted block sizes for per-block quantization; all when absent.
+    pub block_sizes: Option<Vec<usize>>,
+}
+
+impl DTypeWithConstraints {
+    /// Why `spec` violates these constraints, or `None` when it satisfies them.
+    pub fn violation(&self, spec: &QuantizationSpec) -> Option<String> {
+        let want = self.dtype.qtype()?;
+        let s = &spec.scheme;
+        if s.qtype != want {
+            return Some(format!("dtype {:?} is requested, the target takes {:?}", s.qtype, want));
+        }
+        let (qmin, qmax) = s.qrange();
+        if self.quant_min_lower_bound.is_some_and(|lb| qmin < lb) || self.quant_max_upper_bound.is_some_and(|ub| qmax > ub) {
+            return Some(format!("range [{qmin}, {qmax}] exceeds the target's [{:?}, {:?}]", self.quant_min_lower_bound, self.quant_max_upper_bound));
+        }
+        if let Some(sym) = self.symmetric {
+            if sym != s.symmetric {
+                return Some(format!("the target needs {} quantization", if sym { "symmetric" } else { "affine" }));
+            }
+        }
+        if let Some(g) = &self.granularity {
+            if !g.contains(&GranularityKind::of(&spec.granularity)) {
+                return Some(format!("{:?} quantization is not supported (the target takes {g:?})", GranularityKind::of(&spec.granularity)));
+            }
+        }
+        if let (Some(sizes), Granularity::PerBlock { block_size, .. }) = (&self.block_sizes, spec.granularity) {
+            if !sizes.contains(&block_size) {
+                return Some(format!("block size {block_size} is not supported (the target takes {sizes:?})"));
+            }
+        }
+        if let (Some(lb), Some(min)) = (self.scale_min_lower_bound, spec.scale_min) {
+            if min < lb {
+                return Some(format!("scale lower bound {min} is below the target's {lb}"));
+            }
+        }
+        None
+    }
+}
+
+/// Supported dtypes for one pattern's input activation, output, weight and bias
+/// (PyTorch's `DTypeConfig`). An absent entry means float.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DTypeConfig {
+    pub input: Option<DTypeWithConstraints>,
+    pub output: Option<DTypeWithConstraints>,
+    pub weight: Option<DTypeWithConstraints>,
+    pub bias: Option<ConfigDType>,
+    /// Dynamic quantization: activations are quantized at run time.
+    #[serde(default)]
+    pub is_dynamic: bool,
+}
+
+/// How a pattern's output is observed relative to its input (PyTorch's `ObservationType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ObservationType {
+    /// The output gets its own observer (conv, linear, add, ...).
+    #[default]
+    OutputUseDifferentObserverAsInput,
+    /// The output shares the input's observer: data movement, max pooling, concat.
+    OutputShareObserverWithInput,
+    /// The pattern is quantized only through its neighbours: no observer of its own.
+    InputOutputNotObserved,
+}
+
+/// One supported pattern (PyTorch's `BackendPatternConfig`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendPatternConfig {
+    pub pattern: Pattern,
+    #[serde(default)]
+    pub observation: ObservationType,
+    /// Names of entries of [`BackendConfig::dtype_configs`], in order of preference.
+    pub dtype_configs: Vec<String>,
+    /// Input indices of the pattern's root that are weights. The root is the innermost op
+    /// along first inputs (`Conv` in `Relu(Conv)`), the one carrying weight and bias.
+    #[serde(default)]
+    pub weight_inputs: Vec<usize>,
+    /// Input indices of the root that are biases.
+    #[serde(default)]
+    pub bias_inputs: Vec<usize>,
+    /// Input indices of the anchor's inputs that are activations to observe; all non-weight,
+    /// non-bias inputs when absent.
+    pub activation_inputs: Option<Vec<usize>>,
+}
+
+/// A deployment target.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Which reference the target's qparams follow.
+    pub convention: Convention,
+    pub dtype_configs: BTreeMap<String, DTypeConfig>,
+    pub patterns: Vec<BackendPatternConfig>,
+}
+
+/// Built-in targets: name and TOML text.
+const BUILTIN: &[(&str, &str)] = &[
+    ("x86", include_str!("../../../backends/x86.toml")),
+    ("xnnpack", include_str!("../../../backends/xnnpack.toml")),
+    ("tensorrt", include_str!("../../../backends/tensorrt.toml")),
+    ("ort", include_str!("../../../backends/ort.toml")),
+];
+
+/// Errors loading a backend config.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("unknown backend '{0}'; built-in backends are {1}, or give a path to a .toml file")]
+    Unknown(String, String),
+    #[error("backend config {source_name}: {reason}")]
+    Invalid { source_name: String, reason: String },
+    #[error("backend config {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+impl BackendConfig {
+    /// Names of the built-in targets.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A built-in target by name, or a config file when `name_or_path` ends in `.toml`.
+    pub fn load(name_or_path: &str) -> Result<BackendConfig, BackendError> {
+        if name_or_path.ends_with(".toml") {
+            let text = std::fs::read_to_string(Path::new(name_or_path))
+                .map_err(|source| BackendError::Io { path: name_or_path.to_string(), source })?;
+            return Self::from_toml(&text, name_or_path);
+        }
+        let (_, text) = BUILTIN.iter().find(|(n, _)| *n == name_or_path)
+            .ok_or_else(|| BackendError::Unknown(name_or_path.to_string(), Self::builtin_names().join(", ")))?;
+        Self::from_toml(text, name_or_path)
+    }
+
+    /// Parses and validates a config (every referenced dtype config exists, patterns are
+    /// non-empty).
+    pub fn from_toml(text: &str, source_name: &str) -> Result<BackendConfig, BackendError> {
+        let invalid = |reason: String| BackendError::Invalid { source_name: source_name.to_string(), reason };
+        let cfg: BackendConfig = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        for p in &cfg.patterns {
+            if p.pattern.size() == 0 {
+                return Err(invalid(format!("pattern '{}' has no op", p.pattern)));
+            }
+            for d in &p.dtype_configs {
+                if !cfg.dtype_configs.contains_key(d) {
+                    return Err(invalid(format!("pattern '{}' names dtype config '{d}', which is not defined", p.pattern)));
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Patterns whose anchor can be `op_type`, largest first (so fused patterns win).
+    pub fn patterns_for(&self, op_type: &str) -> Vec<&BackendPatternConfig> {
+        let mut v: Vec<_> = self.patterns.iter().filter(|p| p.pattern.anchor_ops().iter().any(|o| o == op_type)).collect();
+        v.sort_by_key(|p| std::cmp::Reverse(p.pattern.size()));
+        v
+    }
+
+    pub fn dtype_config(&self, name: &str) -> Option<&DTypeConfig> {
+        self.dtype_configs.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse_and_validate() {
+        for name in BackendConfig::builtin_names() {
+            let b = BackendConfig::load(name).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(b.name, name);
+            assert!(!b.patterns_for("Conv").is_empty(), "{name} quantizes Conv");
+        }
+        assert!(matches!(BackendConfig::load("nope"), Err(BackendError::Unknown(..))));
+    }
+
+    #[test]
+    fn bad_configs_are_rejected_with_reasons() {
+        let text = r#"
+            name = "t"
+            convention = "pytorch"
+            [dtype_configs.a]
+            input = { dtype = "u8" }
+            [[patterns]]
+            pattern = "Conv"
+            dtype_configs = ["missing"]
+        "#;
+        let e = BackendConfig::from_toml(text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("'missing'"), "{e}");
+        let e = BackendConfig::from_toml("name = 1", "t.toml").unwrap_err().to_string();
+        assert!(e.contains("t.toml"), "{e}");
+    }
+
+    #[test]
+    fn larger_patterns_come_first() {
+        let b = BackendConfig::load("x86").unwrap();
+        let sizes: Vec<usize> = b.patterns_for("Relu").iter().map(|p| p.pattern.size()).collect();
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert!(sizes[0] >= 2);
+    }
+}
