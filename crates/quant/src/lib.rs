@@ -6,11 +6,13 @@
 //! * [`spec`] and [`annotation`]: what each node input and output is quantized to.
 //! * [`pattern`]: graph patterns as data.
 //! * [`backend`]: BackendConfig, what a deployment target supports, as data.
+//! * [`qconfig`]: QConfig and QConfigMapping, what the user asks for per node.
 
 pub mod annotation;
 pub mod backend;
 pub mod observer;
 pub mod pattern;
+pub mod qconfig;
 pub mod qparams;
 pub mod spec;
 
