@@ -30,15 +30,17 @@ pub enum DType {
     F8E8M0 = 24,
     U2 = 25,
     I2 = 26,
+    F6E2M3 = 27,
+    F6E3M2 = 28,
 }
 
 impl DType {
-    pub const ALL: [DType; 26] = [
+    pub const ALL: [DType; 28] = [
         DType::F32, DType::U8, DType::I8, DType::U16, DType::I16, DType::I32, DType::I64,
         DType::String, DType::Bool, DType::F16, DType::F64, DType::U32, DType::U64,
         DType::Complex64, DType::Complex128, DType::BF16, DType::F8E4M3FN, DType::F8E4M3FNUZ,
         DType::F8E5M2, DType::F8E5M2FNUZ, DType::U4, DType::I4, DType::F4E2M1, DType::F8E8M0,
-        DType::U2, DType::I2,
+        DType::U2, DType::I2, DType::F6E2M3, DType::F6E3M2,
     ];
 
     /// The type for an ONNX `TensorProto.DataType` code; `None` for 0 (UNDEFINED) and unknown codes.
@@ -50,11 +52,12 @@ impl DType {
         self as i32
     }
 
-    /// Storage bits per element: 2 and 4 for packed sub-byte types, 0 for strings.
+    /// Storage bits per element: 2, 4 and 6 for packed sub-byte types, 0 for strings.
     pub fn bits(self) -> usize {
         use DType::*;
         match self {
             U2 | I2 => 2,
+            F6E2M3 | F6E3M2 => 6,
             U4 | I4 | F4E2M1 => 4,
             U8 | I8 | Bool | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 => 8,
             U16 | I16 | F16 | BF16 => 16,
@@ -72,7 +75,7 @@ impl DType {
 
     pub fn is_float(self) -> bool {
         use DType::*;
-        matches!(self, F32 | F16 | BF16 | F64 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F4E2M1 | F8E8M0)
+        matches!(self, F32 | F16 | BF16 | F64 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F4E2M1 | F8E8M0 | F6E2M3 | F6E3M2)
     }
 
     pub fn is_integer(self) -> bool {
@@ -115,6 +118,8 @@ impl DType {
             F8E8M0 => "float8e8m0",
             U2 => "uint2",
             I2 => "int2",
+            F6E2M3 => "float6e2m3",
+            F6E3M2 => "float6e3m2",
         }
     }
 }

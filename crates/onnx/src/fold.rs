@@ -1,0 +1,68 @@
+//! `Constant` nodes to initializers.
+
+use qforge_ir::{Attr, Graph, Model, Patch, Tensor, ValueKind};
+
+/// The tensor a `Constant` node produces, from whichever value attribute it carries.
+fn constant_value(n: &qforge_ir::Node) -> Option<Tensor> {
+    let a = n.attrs.first()?;
+    match &a.value {
+        Attr::Tensor(t) if a.name == "value" => Some(t.clone()),
+        Attr::Float(f) if a.name == "value_float" => Some(Tensor::scalar(*f)),
+        Attr::Int(i) if a.name == "value_int" => Some(Tensor::scalar(*i)),
+        Attr::Floats(v) if a.name == "value_floats" => Tensor::from_slice(&[v.len()], v).ok(),
+        Attr::Ints(v) if a.name == "value_ints" => Tensor::from_slice(&[v.len()], v).ok(),
+        Attr::String(s) if a.name == "value_string" => Tensor::from_strings(&[], vec![s.clone()]).ok(),
+        Attr::Strings(v) if a.name == "value_strings" => Tensor::from_strings(&[v.len()], v.clone()).ok(),
+        _ => None,
+    }
+}
+
+/// Replaces `Constant` nodes (default domain, any opset) with initializers of the same name,
+/// in the main graph and every subgraph. Constants that are graph outputs, are read by a
+/// subgraph by name, or use a sparse value stay nodes. Returns how many were folded.
+pub fn fold_constant_nodes(model: &mut Model) -> usize {
+    fold_graph(&mut model.graph)
+}
+
+fn fold_graph(g: &mut Graph) -> usize {
+    let mut folded = 0;
+    let ids: Vec<_> = g.nodes().map(|(id, _)| id).collect();
+    for id in ids {
+        let Ok(n) = g.node(id) else { continue };
+        if n.op_type != "Constant" || !n.domain.is_empty() || n.attrs.len() != 1 || n.outputs.len() != 1 {
+            continue;
+        }
+        let Some(out) = n.output(0) else { continue };
+        let Some(t) = constant_value(n) else { continue };
+        let v = g.value(out).expect("node output exists");
+        if g.is_output(out) || v.uses().iter().any(|u| u.1 == usize::MAX) || v.kind() != ValueKind::NodeOutput {
+            continue;
+        }
+        let name = v.name.clone();
+        let (doc, meta, in_vi) = (v.doc_string.clone(), v.metadata_props.clone(), v.in_value_info);
+        let mut p = Patch::new(g, "fold_constant_nodes");
+        let tmp = p.unique_name(g, &format!("{name}__folded"));
+        let c = p.new_initializer(tmp, t);
+        p.replace_uses(out, c);
+        p.remove_node(id);
+        if g.apply(p).is_err() || g.rename_value(c, name).is_err() {
+            continue;
+        }
+        let v = g.value_mut(c).expect("new initializer exists");
+        v.doc_string = doc;
+        v.metadata_props = meta;
+        v.in_value_info = in_vi;
+        folded += 1;
+    }
+    let ids: Vec<_> = g.nodes().map(|(id, _)| id).collect();
+    for id in ids {
+        if let Ok(attrs) = g.node_attrs_mut(id) {
+            for a in attrs.iter_mut() {
+                for sub in a.value.graphs_mut() {
+                    folded += fold_graph(sub);
+                }
+            }
+        }
+    }
+    folded
+}
