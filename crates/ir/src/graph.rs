@@ -142,6 +142,24 @@ impl Node {
     pub fn subgraphs(&self) -> impl Iterator<Item = (&str, &Graph)> {
         self.attrs.iter().flat_map(|a| a.value.graphs().into_iter().map(move |g| (a.name.as_str(), g)))
     }
+    /// The tensor a `Constant` node (default domain) produces, from whichever value attribute
+    /// it carries; `None` for other nodes and for sparse values.
+    pub fn constant_tensor(&self) -> Option<Tensor> {
+        if self.op_type != "Constant" || !(self.domain.is_empty() || self.domain == "ai.onnx") || self.attrs.len() != 1 {
+            return None;
+        }
+        let a = &self.attrs[0];
+        match (&a.value, a.name.as_str()) {
+            (Attr::Tensor(t), "value") => Some(t.clone()),
+            (Attr::Float(f), "value_float") => Some(Tensor::scalar(*f)),
+            (Attr::Int(i), "value_int") => Some(Tensor::scalar(*i)),
+            (Attr::Floats(v), "value_floats") => Tensor::from_slice(&[v.len()], v).ok(),
+            (Attr::Ints(v), "value_ints") => Tensor::from_slice(&[v.len()], v).ok(),
+            (Attr::String(s), "value_string") => Tensor::from_strings(&[], vec![s.clone()]).ok(),
+            (Attr::Strings(v), "value_strings") => Tensor::from_strings(&[v.len()], v.clone()).ok(),
+            _ => None,
+        }
+    }
     /// `domain::op_type`, or just `op_type` in the default domain.
     pub fn qualified_op(&self) -> String {
         if self.domain.is_empty() || self.domain == "ai.onnx" {

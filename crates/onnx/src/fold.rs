@@ -1,21 +1,6 @@
 //! `Constant` nodes to initializers.
 
-use qforge_ir::{Attr, Graph, Model, Patch, Tensor, ValueKind};
-
-/// The tensor a `Constant` node produces, from whichever value attribute it carries.
-fn constant_value(n: &qforge_ir::Node) -> Option<Tensor> {
-    let a = n.attrs.first()?;
-    match &a.value {
-        Attr::Tensor(t) if a.name == "value" => Some(t.clone()),
-        Attr::Float(f) if a.name == "value_float" => Some(Tensor::scalar(*f)),
-        Attr::Int(i) if a.name == "value_int" => Some(Tensor::scalar(*i)),
-        Attr::Floats(v) if a.name == "value_floats" => Tensor::from_slice(&[v.len()], v).ok(),
-        Attr::Ints(v) if a.name == "value_ints" => Tensor::from_slice(&[v.len()], v).ok(),
-        Attr::String(s) if a.name == "value_string" => Tensor::from_strings(&[], vec![s.clone()]).ok(),
-        Attr::Strings(v) if a.name == "value_strings" => Tensor::from_strings(&[v.len()], v.clone()).ok(),
-        _ => None,
-    }
-}
+use qforge_ir::{Graph, Model, Patch, ValueKind};
 
 /// Replaces `Constant` nodes (default domain, any opset) with initializers of the same name,
 /// in the main graph and every subgraph. Constants that are graph outputs, are read by a
@@ -29,11 +14,7 @@ fn fold_graph(g: &mut Graph) -> usize {
     let ids: Vec<_> = g.nodes().map(|(id, _)| id).collect();
     for id in ids {
         let Ok(n) = g.node(id) else { continue };
-        if n.op_type != "Constant" || !n.domain.is_empty() || n.attrs.len() != 1 || n.outputs.len() != 1 {
-            continue;
-        }
-        let Some(out) = n.output(0) else { continue };
-        let Some(t) = constant_value(n) else { continue };
+        let (Some(t), Some(out)) = (n.constant_tensor(), n.output(0)) else { continue };
         let v = g.value(out).expect("node output exists");
         if g.is_output(out) || v.uses().iter().any(|u| u.1 == usize::MAX) || v.kind() != ValueKind::NodeOutput {
             continue;

@@ -7,8 +7,16 @@ pub enum RuntimeError {
     Unsupported { node: String, op: String, opset: i64 },
     #[error("input '{input}': {reason}")]
     Input { input: String, reason: String },
+    /// A kernel's complaint about its inputs; the session adds the node.
+    #[error("{0}")]
+    Kernel(String),
     #[error(transparent)]
     Ir(#[from] qforge_ir::IrError),
 }
 
 pub type RuntimeResult<T> = Result<T, RuntimeError>;
+
+/// A kernel error (the session names the node when it reports it).
+pub fn kernel_error(reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Kernel(reason.into())
+}

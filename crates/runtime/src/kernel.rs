@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use qforge_ir::{Graph, Node, NodeId, Tensor, ValueType};
+use qforge_ir::{Graph, Node, NodeId, OpsetImport, Tensor, ValueType};
 
 use crate::{RuntimeError, RuntimeResult};
 
@@ -18,6 +18,8 @@ pub struct NodeInfo<'a> {
     pub graph: &'a Graph,
     /// The opset version of the node's domain imported by the model.
     pub opset: i64,
+    /// All opsets the model imports (for planning subgraphs).
+    pub opsets: &'a [OpsetImport],
     /// Constant data of each input, when it is an initializer (or folded to a constant).
     pub const_inputs: Vec<Option<&'a Tensor>>,
     /// Declared or inferred type of each input, when known.
@@ -41,15 +43,17 @@ impl NodeInfo<'_> {
     pub fn attr_str(&self, name: &str, default: &str) -> String {
         self.node.attr_str(name).unwrap_or(default).to_string()
     }
+    /// Constant data of input `i`, if it is constant.
+    pub fn const_input(&self, i: usize) -> Option<&Tensor> {
+        self.const_inputs.get(i).copied().flatten()
+    }
 }
 
 /// Per-run context handed to kernels.
 pub struct RunCtx<'a> {
-    /// Values of enclosing graphs that subgraphs read by name (for control-flow kernels).
-    pub outer: &'a dyn Fn(&str) -> Option<Tensor>,
-    /// Runs a subgraph held by the node (attribute name, index within a GRAPHS attribute)
-    /// with the given inputs and returns its outputs. Set by the session for control flow.
-    pub run_subgraph: &'a dyn Fn(&str, usize, Vec<Option<Tensor>>, &dyn Fn(&str) -> Option<Tensor>) -> RuntimeResult<Vec<Tensor>>,
+    /// Looks up a value visible from the node's graph by name: the graph's own values and
+    /// those of enclosing graphs. Control-flow kernels hand it to their subgraphs.
+    pub scope: &'a dyn Fn(&str) -> Option<Tensor>,
 }
 
 /// A planned operator instance.
@@ -102,11 +106,14 @@ impl Registry {
         v
     }
 
-    /// The registry with every built-in kernel.
-    pub fn builtin() -> Registry {
-        let mut r = Registry::default();
-        crate::kernels::register_all(&mut r);
-        r
+    /// The registry with every built-in kernel (built once).
+    pub fn builtin() -> &'static Registry {
+        static BUILTIN: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+        BUILTIN.get_or_init(|| {
+            let mut r = Registry::default();
+            crate::kernels::register_all(&mut r);
+            r
+        })
     }
 }
 

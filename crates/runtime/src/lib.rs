@@ -1,11 +1,20 @@
 //! qforge's execution engine.
 //!
+//! * [`Session`]: a model planned once (topological order, constant folding, kernels built,
+//!   liveness), run many times with dynamic shapes, on its own thread pool.
+//! * [`Hooks`]: see and replace every produced value (calibration, fake quantization).
 //! * [`Registry`]: kernels by (domain, op type, opset range), one line per op.
 //! * [`Kernel`]: a planned operator instance.
 
 mod error;
+mod hooks;
 mod kernel;
 pub mod kernels;
+mod plan;
+mod session;
 
-pub use error::{RuntimeError, RuntimeResult};
+pub use error::{kernel_error, RuntimeError, RuntimeResult};
+pub use hooks::{FnHooks, Hooks, ValueEvent};
 pub use kernel::{Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
+pub use plan::Plan;
+pub use session::{Session, SessionOptions};

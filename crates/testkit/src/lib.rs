@@ -99,3 +99,68 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Deterministic inputs for a model: floats uniform in [-1, 1), integers from the model's
+/// value hints (else zero), dynamic dimensions from its shape hints (else 1).
+pub fn make_inputs(graph: &qforge_ir::Graph, m: &RealModel, seed: u64) -> Vec<(String, qforge_ir::Tensor)> {
+    use qforge_ir::{DType, Dim, Tensor};
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    graph.real_inputs().map(|id| {
+        let v = graph.value(id).unwrap();
+        let hint = |list: &[String]| list.iter().find_map(|s| s.split_once('=').filter(|(n, _)| *n == v.name).map(|(_, x)| x.to_string()));
+        let ty = v.ty.as_ref();
+        let shape: Vec<usize> = match hint(&m.shapes) {
+            Some(s) => s.split(',').map(|d| d.parse().unwrap()).collect(),
+            None => ty.and_then(|t| t.shape()).map(|s| s.iter().map(|d| match d { Dim::Known(k) if *k > 0 => *k as usize, _ => 1 }).collect()).unwrap_or_default(),
+        };
+        let n: usize = shape.iter().product();
+        let dtype = ty.and_then(|t| t.elem()).unwrap_or(DType::F32);
+        let t = match (dtype, hint(&m.values)) {
+            (DType::F32, _) => Tensor::from_vec(&shape, (0..n).map(|_| next()).collect::<Vec<f32>>()).unwrap(),
+            (DType::I64, Some(x)) => Tensor::from_vec(&shape, vec![x.parse::<i64>().unwrap(); n]).unwrap(),
+            (d, _) => Tensor::zeros(d, &shape).unwrap(),
+        };
+        (v.name.clone(), t)
+    }).collect()
+}
+
+/// Runs a model in ONNX Runtime on the given inputs and returns its outputs by name.
+pub fn ort_run(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize) -> Vec<(String, qforge_ir::Tensor)> {
+    let tmp = TempDir::new("ortrun");
+    let mut args: Vec<std::ffi::OsString> = vec![model.into(), "-o".into(), tmp.path().join("out.npz").into(), "--threads".into(), threads.to_string().into()];
+    for (i, (name, t)) in inputs.iter().enumerate() {
+        let f = tmp.path().join(format!("in{i}.npy"));
+        qforge_data::write_npy(&f, t).unwrap();
+        args.push("--input".into());
+        args.push(format!("{name}={}", f.display()).into());
+    }
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let out = oracle("ort_run.py", &refs);
+    assert!(out.status.success(), "ONNX Runtime failed on {}: {}", model.display(), String::from_utf8_lossy(&out.stderr));
+    qforge_data::read_npz(&tmp.path().join("out.npz")).unwrap()
+}
+
+/// Largest absolute difference, and whether every element satisfies
+/// `|a - b| <= atol + rtol * |b|` (NaNs must match).
+pub fn compare(a: &qforge_ir::Tensor, b: &qforge_ir::Tensor, rtol: f64, atol: f64) -> (f64, bool) {
+    assert_eq!(a.shape(), b.shape(), "shapes differ");
+    let (x, y) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
+    let mut worst = 0f64;
+    let mut ok = true;
+    for (p, q) in x.iter().zip(&y) {
+        if p.is_nan() || q.is_nan() {
+            ok &= p.is_nan() && q.is_nan();
+            continue;
+        }
+        let d = (p - q).abs();
+        worst = worst.max(d);
+        ok &= d <= atol + rtol * q.abs();
+    }
+    (worst, ok)
+}

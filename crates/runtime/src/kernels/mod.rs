@@ -1,5 +1,29 @@
 //! Built-in kernels, grouped by family. Each family file has a `register` function listing
 //! its ops, one registry line each.
 
+mod control;
+mod conv;
+pub mod elementwise;
+mod gemm;
+mod matmul;
+mod norm;
+mod pool;
+mod reduce;
+mod resize;
+mod rnn;
+pub mod shape;
+pub mod util;
+
 /// Registers every built-in kernel.
-pub fn register_all(_r: &mut crate::Registry) {}
+pub fn register_all(r: &mut crate::Registry) {
+    control::register(r);
+    conv::register(r);
+    elementwise::register(r);
+    matmul::register(r);
+    norm::register(r);
+    pool::register(r);
+    reduce::register(r);
+    resize::register(r);
+    rnn::register(r);
+    shape::register(r);
+}

@@ -1,0 +1,31 @@
+//! Hooks: see (and optionally replace) every value a run produces.
+
+use qforge_ir::{NodeId, Tensor, ValueId};
+
+/// Where a value comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct ValueEvent<'a> {
+    /// The producing node; `None` for graph inputs.
+    pub node: Option<NodeId>,
+    /// The output index on the node (the input index for graph inputs).
+    pub output: usize,
+    pub value: ValueId,
+    pub name: &'a str,
+}
+
+/// Called for every value of the main graph as it is produced (graph inputs first), with a
+/// borrowed view of the tensor. Returning `Some` replaces the value for every later reader and
+/// for the graph outputs; that is how fake quantization runs. Values inside subgraphs and
+/// constants folded when the session was planned are not reported.
+pub trait Hooks: Send {
+    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor>;
+}
+
+/// Hooks from a closure.
+pub struct FnHooks<F>(pub F);
+
+impl<F: FnMut(&ValueEvent, &Tensor) -> Option<Tensor> + Send> Hooks for FnHooks<F> {
+    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
+        (self.0)(event, value)
+    }
+}

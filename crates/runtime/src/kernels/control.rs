@@ -1,0 +1,108 @@
+//! Control flow: If and Loop run their subgraphs, planned once, in the caller's scope.
+
+use qforge_ir::{Attr, Tensor};
+
+use super::util::{input, opt_input};
+use crate::plan::Plan;
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
+
+/// Registers If and Loop.
+pub fn register(r: &mut Registry) {
+    r.add("", "If", 1, LATEST, if_);
+    r.add("", "Loop", 1, LATEST, loop_);
+}
+
+fn subgraph(info: &NodeInfo, name: &str) -> RuntimeResult<Plan> {
+    match info.node.attr(name) {
+        Some(Attr::Graph(g)) => Plan::build(g, info.opsets, Registry::builtin()).map_err(|e| info.error(format!("subgraph '{name}': {e}"))),
+        _ => Err(info.error(format!("attribute '{name}' must be a graph"))),
+    }
+}
+
+fn scalar_bool(t: &Tensor, what: &str) -> RuntimeResult<bool> {
+    let v = t.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?;
+    match v.as_slice() {
+        [b] => Ok(*b != 0.0),
+        _ => Err(kernel_error(format!("{what} must hold one value, got shape {:?}", t.shape()))),
+    }
+}
+
+struct If {
+    then: Plan,
+    otherwise: Plan,
+}
+
+impl Kernel for If {
+    fn run(&self, ins: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
+        let branch = if scalar_bool(input(ins, 0)?, "the condition")? { &self.then } else { &self.otherwise };
+        branch.run(vec![], ctx.scope, None)
+    }
+}
+
+fn if_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    Ok(Box::new(If { then: subgraph(info, "then_branch")?, otherwise: subgraph(info, "else_branch")? }))
+}
+
+struct Loop {
+    body: Plan,
+}
+
+/// Stacks equally shaped tensors along a new leading axis.
+fn stack(parts: &[Tensor]) -> RuntimeResult<Tensor> {
+    let first = &parts[0];
+    let mut shape = vec![parts.len()];
+    shape.extend_from_slice(first.shape());
+    let mut raw = vec![];
+    for p in parts {
+        if p.shape() != first.shape() || p.dtype() != first.dtype() {
+            return Err(kernel_error(format!("scan outputs change shape across iterations ({:?} vs {:?})", first.shape(), p.shape())));
+        }
+        raw.extend_from_slice(p.raw_bytes().ok_or_else(|| kernel_error("string scan outputs are not supported"))?);
+    }
+    Tensor::from_raw(first.dtype(), &shape, &raw).map_err(|e| kernel_error(e.to_string()))
+}
+
+impl Kernel for Loop {
+    fn run(&self, ins: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
+        let max = opt_input(ins, 0).map(|t| t.to_i64_vec().map_err(|e| kernel_error(e.to_string())).map(|v| v.first().copied().unwrap_or(0))).transpose()?;
+        let mut cond = opt_input(ins, 1).map(|t| scalar_bool(t, "cond")).transpose()?.unwrap_or(true);
+        let mut carried: Vec<Tensor> = ins.iter().skip(2).map(|t| t.cloned().ok_or_else(|| kernel_error("loop-carried values must be given"))).collect::<RuntimeResult<_>>()?;
+        let n = carried.len();
+        let mut scans: Vec<Vec<Tensor>> = vec![];
+        let mut i = 0i64;
+        while cond && max.is_none_or(|m| i < m) {
+            let mut feeds = vec![Some(Tensor::scalar(i)), Some(Tensor::from_bools(&[], &[cond]).unwrap())];
+            feeds.extend(carried.iter().cloned().map(Some));
+            let outs = self.body.run(feeds, ctx.scope, None)?;
+            if outs.len() < 1 + n {
+                return Err(kernel_error(format!("the loop body returned {} outputs, expected at least {}", outs.len(), 1 + n)));
+            }
+            cond = scalar_bool(&outs[0], "the body's condition output")?;
+            carried = outs[1..1 + n].to_vec();
+            let extra = &outs[1 + n..];
+            if scans.is_empty() {
+                scans = vec![vec![]; extra.len()];
+            }
+            for (k, t) in extra.iter().enumerate() {
+                scans[k].push(t.clone());
+            }
+            i += 1;
+            if i > 1 << 31 {
+                return Err(kernel_error("the loop ran more than 2^31 iterations"));
+            }
+        }
+        let n_scan = self.body.outputs.len().saturating_sub(1 + n);
+        let mut out = carried;
+        for k in 0..n_scan {
+            out.push(match scans.get(k) {
+                Some(parts) if !parts.is_empty() => stack(parts)?,
+                _ => Tensor::zeros(qforge_ir::DType::F32, &[0]).unwrap(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn loop_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    Ok(Box::new(Loop { body: subgraph(info, "body")? }))
+}

@@ -1,0 +1,425 @@
+//! Elementwise operators: unary math, binary arithmetic and comparisons with numpy
+//! broadcasting, logic, `Where`, `Cast`, `Clip`, and the variadic `Sum`/`Max`/`Min`/`Mean`.
+
+use half::{bf16, f16};
+use qforge_ir::{DType, Tensor};
+
+use super::util::{binary, input, kernel, opt_input, slice, tensor, ternary};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+
+/// Registers the elementwise operators.
+pub fn register(r: &mut Registry) {
+    for op in ["Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos",
+        "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish"] {
+        r.add("", op, 1, LATEST, unary_float);
+    }
+    r.add("", "Neg", 1, LATEST, unary_signed);
+    r.add("", "Abs", 1, LATEST, unary_signed);
+    r.add("", "Sign", 9, LATEST, unary_signed);
+    r.add("", "IsNaN", 9, LATEST, is_class);
+    r.add("", "IsInf", 10, LATEST, is_class);
+    for op in ["Add", "Sub", "Mul", "Div"] {
+        r.add("", op, 1, LATEST, arithmetic);
+    }
+    r.add("", "Pow", 1, LATEST, pow);
+    r.add("", "Mod", 10, LATEST, modulo);
+    r.add("", "PRelu", 1, LATEST, prelu);
+    for op in ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"] {
+        r.add("", op, 1, LATEST, compare);
+    }
+    for op in ["And", "Or", "Xor"] {
+        r.add("", op, 1, LATEST, logic);
+    }
+    r.add("", "Not", 1, LATEST, not);
+    r.add("", "Where", 9, LATEST, where_);
+    r.add("", "Cast", 1, LATEST, cast);
+    r.add("", "CastLike", 15, LATEST, cast_like);
+    r.add("", "Clip", 1, LATEST, clip);
+    for op in ["Sum", "Max", "Min", "Mean"] {
+        r.add("", op, 1, LATEST, variadic);
+    }
+}
+
+/// Converts a float tensor of any float type to f32 values.
+pub fn to_f32(t: &Tensor) -> RuntimeResult<std::borrow::Cow<'_, [f32]>> {
+    Ok(match t.dtype() {
+        DType::F32 => std::borrow::Cow::Borrowed(t.as_slice::<f32>().unwrap()),
+        DType::F16 => std::borrow::Cow::Owned(t.as_slice::<f16>().unwrap().iter().map(|v| v.to_f32()).collect()),
+        DType::BF16 => std::borrow::Cow::Owned(t.as_slice::<bf16>().unwrap().iter().map(|v| v.to_f32()).collect()),
+        DType::F64 => std::borrow::Cow::Owned(t.as_slice::<f64>().unwrap().iter().map(|&v| v as f32).collect()),
+        d => return Err(kernel_error(format!("expected a float tensor, got {d}"))),
+    })
+}
+
+/// A float tensor of `dtype` from f32 values.
+pub fn from_f32(dtype: DType, shape: &[usize], v: Vec<f32>) -> RuntimeResult<Tensor> {
+    match dtype {
+        DType::F32 => tensor(shape, v),
+        DType::F16 => tensor(shape, v.into_iter().map(f16::from_f32).collect::<Vec<_>>()),
+        DType::BF16 => tensor(shape, v.into_iter().map(bf16::from_f32).collect::<Vec<_>>()),
+        DType::F64 => tensor(shape, v.into_iter().map(|x| x as f64).collect::<Vec<_>>()),
+        d => Err(kernel_error(format!("expected a float type, got {d}"))),
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let alpha = |d| info.attr_float("alpha", d);
+    let f: Box<dyn Fn(f32) -> f32 + Send + Sync> = match info.node.op_type.as_str() {
+        "Relu" => Box::new(|x: f32| x.max(0.0)),
+        "Sigmoid" => Box::new(sigmoid),
+        "Tanh" => Box::new(f32::tanh),
+        "Sqrt" => Box::new(f32::sqrt),
+        "Exp" => Box::new(f32::exp),
+        "Log" => Box::new(f32::ln),
+        "Erf" => Box::new(libm::erff),
+        "Reciprocal" => Box::new(|x: f32| 1.0 / x),
+        "Floor" => Box::new(f32::floor),
+        "Ceil" => Box::new(f32::ceil),
+        "Round" => Box::new(f32::round_ties_even),
+        "Sin" => Box::new(f32::sin),
+        "Cos" => Box::new(f32::cos),
+        "Softplus" => Box::new(|x: f32| if x > 20.0 { x } else { x.exp().ln_1p() }),
+        "Softsign" => Box::new(|x: f32| x / (1.0 + x.abs())),
+        "HardSigmoid" => {
+            let (a, b) = (alpha(0.2), info.attr_float("beta", 0.5));
+            Box::new(move |x: f32| (a * x + b).clamp(0.0, 1.0))
+        }
+        "HardSwish" => Box::new(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+        "LeakyRelu" => {
+            let a = alpha(0.01);
+            Box::new(move |x: f32| if x < 0.0 { a * x } else { x })
+        }
+        "Elu" => {
+            let a = alpha(1.0);
+            Box::new(move |x: f32| if x < 0.0 { a * (x.exp() - 1.0) } else { x })
+        }
+        "Selu" => {
+            let (a, g) = (alpha(1.673_263_2), info.attr_float("gamma", 1.050_701));
+            Box::new(move |x: f32| if x <= 0.0 { g * (a * x.exp() - a) } else { g * x })
+        }
+        "Celu" => {
+            let a = alpha(1.0);
+            Box::new(move |x: f32| x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0))
+        }
+        "ThresholdedRelu" => {
+            let a = alpha(1.0);
+            Box::new(move |x: f32| if x > a { x } else { 0.0 })
+        }
+        "Gelu" => {
+            if info.attr_str("approximate", "none") == "tanh" {
+                Box::new(|x: f32| 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
+            } else {
+                Box::new(|x: f32| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)))
+            }
+        }
+        "Mish" => Box::new(|x: f32| x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh()),
+        other => return Err(info.error(format!("{other} is not a unary float op"))),
+    };
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        if x.dtype() == DType::F32 {
+            let v: Vec<f32> = x.as_slice::<f32>().unwrap().iter().map(|&v| f(v)).collect();
+            return Ok(vec![tensor(x.shape(), v)?]);
+        }
+        let v: Vec<f32> = to_f32(x)?.iter().map(|&v| f(v)).collect();
+        Ok(vec![from_f32(x.dtype(), x.shape(), v)?])
+    })
+}
+
+fn unary_signed(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        macro_rules! go {
+            ($T:ty, $zero:expr, $one:expr) => {{
+                let v: Vec<$T> = slice::<$T>(x, "X")?.iter().map(|&v| match op.as_str() {
+                    "Neg" => $zero - v,
+                    "Abs" => if v < $zero { $zero - v } else { v },
+                    _ => if v > $zero { $one } else if v < $zero { $zero - $one } else { $zero },
+                }).collect();
+                tensor(x.shape(), v)?
+            }};
+        }
+        let out = match x.dtype() {
+            DType::F32 => go!(f32, 0.0, 1.0),
+            DType::F64 => go!(f64, 0.0, 1.0),
+            DType::I64 => go!(i64, 0, 1),
+            DType::I32 => go!(i32, 0, 1),
+            DType::I16 => go!(i16, 0, 1),
+            DType::I8 => go!(i8, 0, 1),
+            DType::F16 | DType::BF16 => {
+                let v: Vec<f32> = to_f32(x)?.iter().map(|&v| match op.as_str() { "Neg" => -v, "Abs" => v.abs(), _ => if v > 0.0 { 1.0 } else if v < 0.0 { -1.0 } else { 0.0 } }).collect();
+                from_f32(x.dtype(), x.shape(), v)?
+            }
+            d => return Err(kernel_error(format!("{op} does not support {d}"))),
+        };
+        Ok(vec![out])
+    })
+}
+
+fn is_class(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    let (pos, neg) = (info.attr_int("detect_positive", 1) != 0, info.attr_int("detect_negative", 1) != 0);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let v: Vec<bool> = to_f32(x)?.iter().map(|&v| if op == "IsNaN" { v.is_nan() } else { v.is_infinite() && ((v > 0.0 && pos) || (v < 0.0 && neg)) }).collect();
+        Ok(vec![Tensor::from_bools(x.shape(), &v).map_err(|e| kernel_error(e.to_string()))?])
+    })
+}
+
+/// `a op b` for two tensors of the same numeric type.
+fn arith(op: &str, a: &Tensor, b: &Tensor) -> RuntimeResult<Tensor> {
+    if a.dtype() != b.dtype() {
+        return Err(kernel_error(format!("{op} needs inputs of one type, got {} and {}", a.dtype(), b.dtype())));
+    }
+    macro_rules! go {
+        ($T:ty, $div:expr) => {{
+            let (x, y) = (slice::<$T>(a, "A")?, slice::<$T>(b, "B")?);
+            let (v, s) = match op {
+                "Add" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p + q)?,
+                "Sub" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p - q)?,
+                "Mul" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p * q)?,
+                _ => binary(x, a.shape(), y, b.shape(), $div)?,
+            };
+            tensor(&s, v)?
+        }};
+    }
+    macro_rules! int {
+        ($T:ty) => {{
+            let (x, y) = (slice::<$T>(a, "A")?, slice::<$T>(b, "B")?);
+            if op == "Div" && y.iter().any(|&q| q == 0) {
+                return Err(kernel_error("integer division by zero"));
+            }
+            let (v, s) = match op {
+                "Add" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p.wrapping_add(q))?,
+                "Sub" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p.wrapping_sub(q))?,
+                "Mul" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p.wrapping_mul(q))?,
+                _ => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p.wrapping_div(q))?,
+            };
+            tensor(&s, v)?
+        }};
+    }
+    Ok(match a.dtype() {
+        DType::F32 => go!(f32, |p: f32, q: f32| p / q),
+        DType::F64 => go!(f64, |p: f64, q: f64| p / q),
+        DType::I64 => int!(i64),
+        DType::I32 => int!(i32),
+        DType::I16 => int!(i16),
+        DType::I8 => int!(i8),
+        DType::U8 => int!(u8),
+        DType::U16 => int!(u16),
+        DType::U32 => int!(u32),
+        DType::U64 => int!(u64),
+        DType::F16 | DType::BF16 => {
+            let (x, y) = (to_f32(a)?, to_f32(b)?);
+            let f = match op { "Add" => |p: f32, q: f32| p + q, "Sub" => |p, q| p - q, "Mul" => |p, q| p * q, _ => |p, q| p / q };
+            let (v, s) = binary(&x, a.shape(), &y, b.shape(), f)?;
+            from_f32(a.dtype(), &s, v)?
+        }
+        d => return Err(kernel_error(format!("{op} does not support {d}"))),
+    })
+}
+
+fn arithmetic(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    if info.opset < 7 && info.node.attr_int("broadcast").is_some_and(|b| b != 0) && info.node.attr("axis").is_some() {
+        return Err(info.error("legacy broadcast with an explicit axis (opset < 7) is not supported"));
+    }
+    kernel(move |ins| Ok(vec![arith(&op, input(ins, 0)?, input(ins, 1)?)?]))
+}
+
+fn pow(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        if a.dtype().is_float() {
+            let (x, y) = (to_f32(a)?, to_f32(b).or_else(|_| b.to_f64_vec().map(|v| v.into_iter().map(|x| x as f32).collect::<Vec<_>>().into()).map_err(|e| kernel_error(e.to_string())))?);
+            let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p: f32, q: f32| if q == 2.0 { p * p } else if q == 0.5 { p.sqrt() } else { p.powf(q) })?;
+            return Ok(vec![from_f32(a.dtype(), &s, v)?]);
+        }
+        let x = a.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?;
+        let y = b.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?;
+        let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p: i64, q: f64| (p as f64).powf(q) as i64)?;
+        let t = tensor(&s, v)?;
+        Ok(vec![super::shape::cast_tensor(&t, a.dtype())?])
+    })
+}
+
+fn modulo(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let fmod = info.attr_int("fmod", 0) != 0;
+    kernel(move |ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        if a.dtype().is_float() {
+            let (x, y) = (to_f32(a)?, to_f32(b)?);
+            let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p: f32, q: f32| {
+                let r = p % q;
+                if fmod || r == 0.0 || (r < 0.0) == (q < 0.0) { r } else { r + q }
+            })?;
+            return Ok(vec![from_f32(a.dtype(), &s, v)?]);
+        }
+        let (x, y) = (a.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?, b.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?);
+        if y.contains(&0) {
+            return Err(kernel_error("integer modulo by zero"));
+        }
+        let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p: i64, q: i64| if fmod { p % q } else { ((p % q) + q) % q })?;
+        Ok(vec![super::shape::cast_tensor(&tensor(&s, v)?, a.dtype())?])
+    })
+}
+
+fn prelu(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        let (x, y) = (to_f32(a)?, to_f32(b)?);
+        let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p: f32, q: f32| if p < 0.0 { p * q } else { p })?;
+        Ok(vec![from_f32(a.dtype(), &s, v)?])
+    })
+}
+
+fn compare(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    kernel(move |ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        let cmp = |p: f64, q: f64| match op.as_str() {
+            "Equal" => p == q,
+            "Less" => p < q,
+            "Greater" => p > q,
+            "LessOrEqual" => p <= q,
+            _ => p >= q,
+        };
+        let (v, s) = if a.dtype() == DType::F32 && b.dtype() == DType::F32 {
+            binary(a.as_slice::<f32>().unwrap(), a.shape(), b.as_slice::<f32>().unwrap(), b.shape(), |p, q| cmp(p as f64, q as f64))?
+        } else if a.dtype() == DType::I64 && b.dtype() == DType::I64 {
+            binary(a.as_slice::<i64>().unwrap(), a.shape(), b.as_slice::<i64>().unwrap(), b.shape(), |p, q| match op.as_str() {
+                "Equal" => p == q, "Less" => p < q, "Greater" => p > q, "LessOrEqual" => p <= q, _ => p >= q,
+            })?
+        } else if let (Some(x), Some(y)) = (a.strings(), b.strings()) {
+            let (ix, iy): (Vec<usize>, Vec<usize>) = ((0..x.len()).collect(), (0..y.len()).collect());
+            binary(&ix, a.shape(), &iy, b.shape(), |p, q| x[p] == y[q])?
+        } else {
+            let (x, y) = (a.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?, b.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?);
+            binary(&x, a.shape(), &y, b.shape(), cmp)?
+        };
+        Ok(vec![Tensor::from_bools(&s, &v).map_err(|e| kernel_error(e.to_string()))?])
+    })
+}
+
+fn bools(t: &Tensor) -> RuntimeResult<Vec<bool>> {
+    t.bools().map_err(|_| kernel_error(format!("expected a bool tensor, got {}", t.dtype())))
+}
+
+fn logic(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    kernel(move |ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        let (x, y) = (bools(a)?, bools(b)?);
+        let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p, q| match op.as_str() { "And" => p && q, "Or" => p || q, _ => p != q })?;
+        Ok(vec![Tensor::from_bools(&s, &v).map_err(|e| kernel_error(e.to_string()))?])
+    })
+}
+
+fn not(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        let v: Vec<bool> = bools(x)?.into_iter().map(|b| !b).collect();
+        Ok(vec![Tensor::from_bools(x.shape(), &v).map_err(|e| kernel_error(e.to_string()))?])
+    })
+}
+
+fn where_(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let (c, a, b) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+        if a.dtype() != b.dtype() {
+            return Err(kernel_error(format!("Where needs X and Y of one type, got {} and {}", a.dtype(), b.dtype())));
+        }
+        let cond = bools(c)?;
+        let (ia, ib): (Vec<usize>, Vec<usize>) = ((0..a.len()).collect(), (0..b.len()).collect());
+        let (pick, shape) = ternary((&cond, c.shape()), (&ia, a.shape()), (&ib, b.shape()), |c, x, y| if c { (true, x) } else { (false, y) })?;
+        let n = pick.len();
+        let out = if a.dtype() == DType::F32 {
+            let (x, y) = (a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
+            tensor(&shape, pick.iter().map(|&(s, i)| if s { x[i] } else { y[i] }).collect::<Vec<f32>>())?
+        } else {
+            let width = a.dtype().bits() / 8;
+            let (x, y) = (a.raw_bytes().ok_or_else(|| kernel_error("Where on strings is not supported"))?, b.raw_bytes().unwrap());
+            let mut raw = Vec::with_capacity(n * width);
+            for &(s, i) in &pick {
+                raw.extend_from_slice(if s { &x[i * width..(i + 1) * width] } else { &y[i * width..(i + 1) * width] });
+            }
+            Tensor::from_raw(a.dtype(), &shape, &raw).map_err(|e| kernel_error(e.to_string()))?
+        };
+        Ok(vec![out])
+    })
+}
+
+fn cast(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let to = info.attr_int("to", 0);
+    let to = DType::from_onnx(to as i32).ok_or_else(|| info.error(format!("'to' = {to} is not a known type")))?;
+    kernel(move |ins| Ok(vec![super::shape::cast_tensor(input(ins, 0)?, to)?]))
+}
+
+fn cast_like(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| Ok(vec![super::shape::cast_tensor(input(ins, 0)?, input(ins, 1)?.dtype())?]))
+}
+
+fn clip(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let attrs = (info.opset < 11).then(|| (info.attr_float("min", f32::MIN), info.attr_float("max", f32::MAX)));
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let bound = |i: usize, default: f64| -> RuntimeResult<f64> {
+            match opt_input(ins, i) {
+                Some(t) => t.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?.first().copied().ok_or_else(|| kernel_error("Clip bound is empty")),
+                None => Ok(default),
+            }
+        };
+        let (lo, hi) = match attrs {
+            Some((lo, hi)) => (lo as f64, hi as f64),
+            None => (bound(1, f64::NEG_INFINITY)?, bound(2, f64::INFINITY)?),
+        };
+        if x.dtype().is_float() {
+            let (lo, hi) = (lo as f32, hi as f32);
+            let v: Vec<f32> = to_f32(x)?.iter().map(|&v| v.max(lo).min(hi)).collect();
+            return Ok(vec![from_f32(x.dtype(), x.shape(), v)?]);
+        }
+        let v: Vec<i64> = x.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?.into_iter()
+            .map(|v| (v as f64).max(lo).min(hi) as i64).collect();
+        Ok(vec![super::shape::cast_tensor(&tensor(x.shape(), v)?, x.dtype())?])
+    })
+}
+
+fn variadic(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    kernel(move |ins| {
+        let present: Vec<&Tensor> = ins.iter().flatten().copied().collect();
+        let first = *present.first().ok_or_else(|| kernel_error(format!("{op} needs at least one input")))?;
+        let mut acc = first.clone();
+        for t in &present[1..] {
+            acc = match op.as_str() {
+                "Sum" | "Mean" => arith("Add", &acc, t)?,
+                _ => {
+                    if acc.dtype().is_float() {
+                        let (x, y) = (to_f32(&acc)?, to_f32(t)?);
+                        let (v, s) = if op == "Max" {
+                            binary(&x, acc.shape(), &y, t.shape(), |p: f32, q: f32| if p.is_nan() || q.is_nan() { f32::NAN } else { p.max(q) })?
+                        } else {
+                            binary(&x, acc.shape(), &y, t.shape(), |p: f32, q: f32| if p.is_nan() || q.is_nan() { f32::NAN } else { p.min(q) })?
+                        };
+                        from_f32(acc.dtype(), &s, v)?
+                    } else {
+                        let (x, y) = (acc.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?, t.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?);
+                        let (v, s) = binary(&x, acc.shape(), &y, t.shape(), |p: i64, q: i64| if op == "Max" { p.max(q) } else { p.min(q) })?;
+                        super::shape::cast_tensor(&tensor(&s, v)?, acc.dtype())?
+                    }
+                }
+            };
+        }
+        if op == "Mean" {
+            let n = present.len() as f32;
+            let v: Vec<f32> = to_f32(&acc)?.iter().map(|&v| v / n).collect();
+            acc = from_f32(acc.dtype(), acc.shape(), v)?;
+        }
+        Ok(vec![acc])
+    })
+}

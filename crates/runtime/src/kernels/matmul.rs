@@ -1,0 +1,120 @@
+//! MatMul (numpy batch broadcasting) and Gemm.
+
+use qforge_ir::DType;
+
+use super::elementwise::{from_f32, to_f32};
+use super::gemm::{sgemm, MatRef};
+use super::util::{broadcast_shape, input, kernel, opt_input, tensor};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+
+/// Registers MatMul and Gemm.
+pub fn register(r: &mut Registry) {
+    r.add("", "MatMul", 1, LATEST, matmul);
+    r.add("", "Gemm", 1, LATEST, gemm_op);
+}
+
+/// `a @ b` with numpy semantics: 1-D operands are promoted and the promoted dimension removed,
+/// leading dimensions broadcast.
+pub fn matmul_f32(a: &[f32], ashape: &[usize], b: &[f32], bshape: &[usize]) -> RuntimeResult<(Vec<f32>, Vec<usize>)> {
+    let (mut ash, mut bsh) = (ashape.to_vec(), bshape.to_vec());
+    let (a1, b1) = (ash.len() == 1, bsh.len() == 1);
+    if a1 { ash.insert(0, 1); }
+    if b1 { bsh.push(1); }
+    if ash.is_empty() || bsh.is_empty() {
+        return Err(kernel_error("MatMul operands must have rank at least 1"));
+    }
+    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
+    let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
+    if k != k2 {
+        return Err(kernel_error(format!("MatMul shapes {ashape:?} and {bshape:?} do not align")));
+    }
+    let (abatch, bbatch) = (&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]);
+    let batch = broadcast_shape(abatch, bbatch)?;
+    let nb: usize = batch.iter().product();
+    let mut out = vec![0f32; nb * m * n];
+    let index = |shape: &[usize], flat: usize| -> usize {
+        // The broadcast source batch index for an output batch index.
+        let mut idx = 0;
+        let mut rem = flat;
+        let mut mult = 1;
+        let off = batch.len() - shape.len();
+        let mut coords = vec![0; batch.len()];
+        for d in (0..batch.len()).rev() {
+            coords[d] = rem % batch[d];
+            rem /= batch[d];
+        }
+        for d in (0..shape.len()).rev() {
+            let c = if shape[d] == 1 { 0 } else { coords[d + off] };
+            idx += c * mult;
+            mult *= shape[d];
+        }
+        idx
+    };
+    if nb > 1 && bbatch.iter().product::<usize>() == 1 && abatch.len() >= bbatch.len() && abatch == &batch[batch.len() - abatch.len()..] {
+        // Every batch shares B: one (nb*m) x k by k x n product.
+        sgemm(nb * m, n, k, MatRef::rows(a, k), MatRef::rows(b, n), &mut out, false);
+    } else {
+        for i in 0..nb {
+            let (ia, ib) = (index(abatch, i), index(bbatch, i));
+            sgemm(m, n, k, MatRef::rows(&a[ia * m * k..(ia + 1) * m * k], k), MatRef::rows(&b[ib * k * n..(ib + 1) * k * n], n), &mut out[i * m * n..(i + 1) * m * n], false);
+        }
+    }
+    let mut shape = batch;
+    if !a1 { shape.push(m); }
+    if !b1 { shape.push(n); }
+    Ok((out, shape))
+}
+
+fn matmul(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        if a.dtype().is_float() && a.dtype() == b.dtype() {
+            let (v, s) = matmul_f32(&to_f32(a)?, a.shape(), &to_f32(b)?, b.shape())?;
+            return Ok(vec![from_f32(a.dtype(), &s, v)?]);
+        }
+        if matches!(a.dtype(), DType::I32 | DType::I64) && a.dtype() == b.dtype() {
+            let to = |t: &qforge_ir::Tensor| t.to_f64_vec().map(|v| v.into_iter().map(|x| x as f32).collect::<Vec<_>>()).map_err(|e| kernel_error(e.to_string()));
+            let (v, s) = matmul_f32(&to(a)?, a.shape(), &to(b)?, b.shape())?;
+            let ints: Vec<i64> = v.into_iter().map(|x| x.round() as i64).collect();
+            return Ok(vec![super::shape::cast_tensor(&tensor(&s, ints)?, a.dtype())?]);
+        }
+        Err(kernel_error(format!("MatMul of {} and {} is not supported", a.dtype(), b.dtype())))
+    })
+}
+
+fn gemm_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (alpha, beta) = (info.attr_float("alpha", 1.0), info.attr_float("beta", 1.0));
+    let (ta, tb) = (info.attr_int("transA", 0) != 0, info.attr_int("transB", 0) != 0);
+    kernel(move |ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        if a.rank() != 2 || b.rank() != 2 {
+            return Err(kernel_error(format!("Gemm needs 2-D A and B, got {:?} and {:?}", a.shape(), b.shape())));
+        }
+        let (av, bv) = (to_f32(a)?, to_f32(b)?);
+        let (m, k) = if ta { (a.shape()[1], a.shape()[0]) } else { (a.shape()[0], a.shape()[1]) };
+        let (k2, n) = if tb { (b.shape()[1], b.shape()[0]) } else { (b.shape()[0], b.shape()[1]) };
+        if k != k2 {
+            return Err(kernel_error(format!("Gemm shapes {:?} and {:?} do not align (transA={ta}, transB={tb})", a.shape(), b.shape())));
+        }
+        let mut out = vec![0f32; m * n];
+        let accumulate = match opt_input(ins, 2) {
+            Some(c) if beta != 0.0 => {
+                let cv = to_f32(c)?;
+                let (bc, _) = super::util::binary(&vec![0f32; m * n], &[m, n], &cv, c.shape(), |_, y| y * beta)?;
+                out.copy_from_slice(&bc);
+                true
+            }
+            _ => false,
+        };
+        let am = if ta { MatRef::transposed(&av, m) } else { MatRef::rows(&av, k) };
+        let bm = if tb { MatRef::transposed(&bv, k) } else { MatRef::rows(&bv, n) };
+        if alpha == 1.0 {
+            sgemm(m, n, k, am, bm, &mut out, accumulate);
+        } else {
+            let mut prod = vec![0f32; m * n];
+            sgemm(m, n, k, am, bm, &mut prod, false);
+            out.iter_mut().zip(prod).for_each(|(o, p)| *o += alpha * p);
+        }
+        Ok(vec![from_f32(a.dtype(), &[m, n], out)?])
+    })
+}

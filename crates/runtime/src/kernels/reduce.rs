@@ -1,0 +1,228 @@
+//! Reductions, arg-reductions, softmax and cumulative sums.
+
+use qforge_ir::Tensor;
+
+use super::elementwise::{from_f32, to_f32};
+use super::util::{axis, input, ints, kernel, opt_input, tensor};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+
+/// Registers the reduction operators.
+pub fn register(r: &mut Registry) {
+    for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "ReduceLogSum"] {
+        r.add("", op, 1, LATEST, reduce);
+    }
+    r.add("", "ArgMax", 1, LATEST, arg);
+    r.add("", "ArgMin", 1, LATEST, arg);
+    r.add("", "Softmax", 1, LATEST, softmax);
+    r.add("", "LogSoftmax", 1, LATEST, softmax);
+    r.add("", "Hardmax", 1, LATEST, softmax);
+    r.add("", "CumSum", 11, LATEST, cumsum);
+}
+
+/// (outer, reduced, inner) sizes when `axes` (sorted) are consecutive.
+fn contiguous(shape: &[usize], axes: &[usize]) -> Option<(usize, usize, usize)> {
+    let (&first, &last) = (axes.first()?, axes.last()?);
+    if last - first + 1 != axes.len() {
+        return None;
+    }
+    Some((shape[..first].iter().product(), shape[first..=last].iter().product(), shape[last + 1..].iter().product()))
+}
+
+/// Reduces `x` over `axes` with `init`, `step(acc, x)` and `finish(acc, count)`.
+fn reduce_f32(x: &[f32], shape: &[usize], axes: &[usize], init: f32, step: impl Fn(f32, f32) -> f32, finish: impl Fn(f32, usize) -> f32) -> Vec<f32> {
+    let count: usize = axes.iter().map(|&a| shape[a]).product();
+    if let Some((outer, red, inner)) = contiguous(shape, axes) {
+        let mut out = vec![init; outer * inner];
+        for o in 0..outer {
+            let acc = &mut out[o * inner..(o + 1) * inner];
+            for r in 0..red {
+                let row = &x[(o * red + r) * inner..(o * red + r + 1) * inner];
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a = step(*a, v);
+                }
+            }
+        }
+        return out.into_iter().map(|a| finish(a, count)).collect();
+    }
+    let out_shape: Vec<usize> = shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let ost = super::shape::strides(&out_shape);
+    let ist = super::shape::strides(shape);
+    let mut out = vec![init; out_shape.iter().product()];
+    for (flat, &v) in x.iter().enumerate() {
+        let o: usize = (0..shape.len()).map(|k| if axes.contains(&k) { 0 } else { (flat / ist[k]) % shape[k] * ost[k] }).sum();
+        out[o] = step(out[o], v);
+    }
+    out.into_iter().map(|a| finish(a, count)).collect()
+}
+
+fn reduce(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    let axes_from_input = (op == "ReduceSum" && info.opset >= 13) || info.opset >= 18;
+    let attr_axes = info.attr_ints("axes");
+    let keep = info.attr_int("keepdims", 1) != 0;
+    let noop = info.attr_int("noop_with_empty_axes", 0) != 0;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let r = x.rank();
+        let axes = if axes_from_input { opt_input(ins, 1).map(|t| ints(t, "axes")).transpose()? } else { attr_axes.clone() };
+        let mut axes: Vec<usize> = match axes {
+            Some(a) if !a.is_empty() => a.iter().map(|&v| axis(v, r)).collect::<RuntimeResult<_>>()?,
+            _ if noop => return Ok(vec![x.clone()]),
+            _ => (0..r).collect(),
+        };
+        axes.sort();
+        axes.dedup();
+        let out_shape: Vec<usize> = (0..r).filter_map(|i| if axes.contains(&i) { keep.then_some(1) } else { Some(x.shape()[i]) }).collect();
+        if !x.dtype().is_float() {
+            return reduce_int(&op, x, &axes, &out_shape);
+        }
+        let v = to_f32(x)?;
+        let s = x.shape();
+        let out = match op.as_str() {
+            "ReduceMean" => reduce_f32(&v, s, &axes, 0.0, |a, b| a + b, |a, n| a / n as f32),
+            "ReduceSum" => reduce_f32(&v, s, &axes, 0.0, |a, b| a + b, |a, _| a),
+            "ReduceMax" => reduce_f32(&v, s, &axes, f32::NEG_INFINITY, |a, b| if b.is_nan() || a.is_nan() { f32::NAN } else { a.max(b) }, |a, _| a),
+            "ReduceMin" => reduce_f32(&v, s, &axes, f32::INFINITY, |a, b| if b.is_nan() || a.is_nan() { f32::NAN } else { a.min(b) }, |a, _| a),
+            "ReduceProd" => reduce_f32(&v, s, &axes, 1.0, |a, b| a * b, |a, _| a),
+            "ReduceL1" => reduce_f32(&v, s, &axes, 0.0, |a, b| a + b.abs(), |a, _| a),
+            "ReduceL2" => reduce_f32(&v, s, &axes, 0.0, |a, b| a + b * b, |a, _| a.sqrt()),
+            "ReduceSumSquare" => reduce_f32(&v, s, &axes, 0.0, |a, b| a + b * b, |a, _| a),
+            "ReduceLogSum" => reduce_f32(&v, s, &axes, 0.0, |a, b| a + b, |a, _| a.ln()),
+            _ => {
+                let m = reduce_f32(&v, s, &axes, f32::NEG_INFINITY, |a, b| a.max(b), |a, _| a);
+                let full: Vec<usize> = s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+                let (mx, _) = super::util::binary(&v, s, &m, &full, |a, b| (a - b).exp())?;
+                let sum = reduce_f32(&mx, s, &axes, 0.0, |a, b| a + b, |a, _| a);
+                sum.iter().zip(&m).map(|(s, m)| s.ln() + m).collect()
+            }
+        };
+        Ok(vec![from_f32(x.dtype(), &out_shape, out)?])
+    })
+}
+
+fn reduce_int(op: &str, x: &Tensor, axes: &[usize], out_shape: &[usize]) -> RuntimeResult<Vec<Tensor>> {
+    let v = x.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?;
+    let s = x.shape();
+    let full: Vec<usize> = s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let (ist, ost) = (super::shape::strides(s), super::shape::strides(&full));
+    let (init, f): (i64, fn(i64, i64) -> i64) = match op {
+        "ReduceSum" | "ReduceMean" => (0, |a, b| a + b),
+        "ReduceMax" => (i64::MIN, |a, b| a.max(b)),
+        "ReduceMin" => (i64::MAX, |a, b| a.min(b)),
+        "ReduceProd" => (1, |a, b| a * b),
+        "ReduceSumSquare" => (0, |a, b| a + b * b),
+        "ReduceL1" => (0, |a, b| a + b.abs()),
+        other => return Err(kernel_error(format!("{other} does not support {}", x.dtype()))),
+    };
+    let mut out = vec![init; full.iter().product()];
+    for (flat, &val) in v.iter().enumerate() {
+        let o: usize = (0..s.len()).map(|k| if axes.contains(&k) { 0 } else { (flat / ist[k]) % s[k] * ost[k] }).sum();
+        out[o] = f(out[o], val);
+    }
+    if op == "ReduceMean" {
+        let n = axes.iter().map(|&a| s[a]).product::<usize>().max(1) as i64;
+        out.iter_mut().for_each(|a| *a /= n);
+    }
+    Ok(vec![super::shape::cast_tensor(&tensor(out_shape, out)?, x.dtype())?])
+}
+
+fn arg(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let max = info.node.op_type == "ArgMax";
+    let (a, keep, last) = (info.attr_int("axis", 0), info.attr_int("keepdims", 1) != 0, info.attr_int("select_last_index", 0) != 0);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let ax = axis(a, x.rank())?;
+        let v = x.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?;
+        let s = x.shape();
+        let (outer, d, inner) = (s[..ax].iter().product::<usize>(), s[ax], s[ax + 1..].iter().product::<usize>());
+        let mut out = vec![0i64; outer * inner];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut best = 0;
+                for k in 1..d {
+                    let (cur, b) = (v[(o * d + k) * inner + i], v[(o * d + best) * inner + i]);
+                    let better = if max { cur > b || (last && cur == b) } else { cur < b || (last && cur == b) };
+                    if better {
+                        best = k;
+                    }
+                }
+                out[o * inner + i] = best as i64;
+            }
+        }
+        let mut shape = s.to_vec();
+        if keep { shape[ax] = 1 } else { shape.remove(ax); }
+        Ok(vec![tensor(&shape, out)?])
+    })
+}
+
+fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    let legacy = info.opset < 13;
+    let a = info.attr_int("axis", if legacy { 1 } else { -1 });
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let ax = axis(a, x.rank())?;
+        let s = x.shape();
+        let (outer, d, inner) = if legacy {
+            (s[..ax].iter().product::<usize>(), s[ax..].iter().product::<usize>(), 1)
+        } else {
+            (s[..ax].iter().product::<usize>(), s[ax], s[ax + 1..].iter().product::<usize>())
+        };
+        let mut v = to_f32(x)?.into_owned();
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |k: usize| (o * d + k) * inner + i;
+                let m = (0..d).map(|k| v[at(k)]).fold(f32::NEG_INFINITY, f32::max);
+                match op.as_str() {
+                    "Hardmax" => {
+                        let first = (0..d).find(|&k| v[at(k)] == m).unwrap_or(0);
+                        (0..d).for_each(|k| v[at(k)] = (k == first) as u8 as f32);
+                    }
+                    _ => {
+                        let mut sum = 0.0;
+                        for k in 0..d {
+                            let e = (v[at(k)] - m).exp();
+                            sum += e;
+                            if op == "Softmax" { v[at(k)] = e } else { v[at(k)] -= m }
+                        }
+                        if op == "Softmax" {
+                            let inv = 1.0 / sum;
+                            (0..d).for_each(|k| v[at(k)] *= inv);
+                        } else {
+                            let l = sum.ln();
+                            (0..d).for_each(|k| v[at(k)] -= l);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(vec![from_f32(x.dtype(), s, v)?])
+    })
+}
+
+fn cumsum(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (exclusive, reverse) = (info.attr_int("exclusive", 0) != 0, info.attr_int("reverse", 0) != 0);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let a = ints(input(ins, 1)?, "axis")?.first().copied().ok_or_else(|| kernel_error("axis is empty"))?;
+        let ax = axis(a, x.rank())?;
+        let s = x.shape();
+        let (outer, d, inner) = (s[..ax].iter().product::<usize>(), s[ax], s[ax + 1..].iter().product::<usize>());
+        let float = x.dtype().is_float();
+        let v = x.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?;
+        let mut out = vec![0f64; v.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = 0.0;
+                let ks: Box<dyn Iterator<Item = usize>> = if reverse { Box::new((0..d).rev()) } else { Box::new(0..d) };
+                for k in ks {
+                    let idx = (o * d + k) * inner + i;
+                    if exclusive { out[idx] = acc; acc += v[idx]; } else { acc += v[idx]; out[idx] = acc; }
+                }
+            }
+        }
+        let t = if float { tensor(s, out)? } else { tensor(s, out.into_iter().map(|x| x as i64).collect::<Vec<_>>())? };
+        Ok(vec![super::shape::cast_tensor(&t, x.dtype())?])
+    })
+}
+

@@ -1,0 +1,283 @@
+//! Recurrent layers: LSTM and GRU (forward, reverse, bidirectional; layout 0 and 1).
+
+use super::elementwise::{from_f32, to_f32};
+use super::gemm::{sgemm, MatRef};
+use super::util::{input, ints, kernel, opt_input};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+
+/// Registers LSTM and GRU.
+pub fn register(r: &mut Registry) {
+    r.add("", "LSTM", 7, LATEST, lstm);
+    r.add("", "GRU", 7, LATEST, gru);
+}
+
+fn activation(name: &str, alpha: Option<f32>, beta: Option<f32>) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
+    let _ = (alpha, beta);
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "sigmoid" => |x, _, _| 1.0 / (1.0 + (-x).exp()),
+        "tanh" => |x, _, _| x.tanh(),
+        "relu" => |x, _, _| x.max(0.0),
+        "hardsigmoid" => |x, a, b| (a * x + b).clamp(0.0, 1.0),
+        "affine" => |x, a, b| a * x + b,
+        "leakyrelu" => |x, a, _| if x < 0.0 { a * x } else { x },
+        "softsign" => |x, _, _| x / (1.0 + x.abs()),
+        "softplus" => |x, _, _| x.exp().ln_1p(),
+        other => return Err(kernel_error(format!("activation '{other}' is not supported"))),
+    })
+}
+
+/// Activation functions with their alpha/beta, one per gate role, per direction.
+#[derive(Clone)]
+struct Acts(Vec<(fn(f32, f32, f32) -> f32, f32, f32)>);
+
+impl Acts {
+    fn from_node(info: &NodeInfo, defaults: &[&str], dirs: usize) -> RuntimeResult<Acts> {
+        let names: Vec<String> = match info.node.attr("activations") {
+            Some(qforge_ir::Attr::Strings(v)) => v.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect(),
+            _ => (0..dirs).flat_map(|_| defaults.iter().map(|s| s.to_string())).collect(),
+        };
+        let floats = |n: &str| match info.node.attr(n) { Some(qforge_ir::Attr::Floats(v)) => v.clone(), _ => vec![] };
+        let (alphas, betas) = (floats("activation_alpha"), floats("activation_beta"));
+        let default_alpha = |n: &str| match n.to_ascii_lowercase().as_str() { "leakyrelu" => 0.01, "hardsigmoid" => 0.2, _ => 1.0 };
+        let default_beta = |n: &str| if n.eq_ignore_ascii_case("hardsigmoid") { 0.5 } else { 0.0 };
+        let v = names.iter().enumerate().map(|(i, n)| {
+            Ok((activation(n, None, None).map_err(|e| info.error(e.to_string()))?, alphas.get(i).copied().unwrap_or(default_alpha(n)), betas.get(i).copied().unwrap_or(default_beta(n))))
+        }).collect::<RuntimeResult<Vec<_>>>()?;
+        if v.len() != defaults.len() * dirs {
+            return Err(info.error(format!("{} activations given, {} needed", v.len(), defaults.len() * dirs)));
+        }
+        Ok(Acts(v))
+    }
+    fn apply(&self, i: usize, x: f32) -> f32 {
+        let (f, a, b) = self.0[i];
+        f(x, a, b)
+    }
+}
+
+/// Shared RNN inputs, normalized to layout 0: X [seq, batch, input].
+struct Common {
+    x: Vec<f32>,
+    seq: usize,
+    batch: usize,
+    inp: usize,
+    lens: Vec<usize>,
+}
+
+fn common(ins: &[Option<&qforge_ir::Tensor>], layout: i64) -> RuntimeResult<Common> {
+    let x = input(ins, 0)?;
+    if x.rank() != 3 {
+        return Err(kernel_error(format!("X must be 3-D, got {:?}", x.shape())));
+    }
+    let mut xv = to_f32(x)?.into_owned();
+    let (mut seq, mut batch, inp) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    if layout == 1 {
+        std::mem::swap(&mut seq, &mut batch);
+        let mut t = vec![0f32; xv.len()];
+        for b in 0..batch { for s in 0..seq { t[(s * batch + b) * inp..(s * batch + b + 1) * inp].copy_from_slice(&xv[(b * seq + s) * inp..(b * seq + s + 1) * inp]); } }
+        xv = t;
+    }
+    let lens = match opt_input(ins, 4) {
+        Some(t) => ints(t, "sequence_lens")?.into_iter().map(|v| (v.max(0) as usize).min(seq)).collect(),
+        None => vec![seq; batch],
+    };
+    if lens.len() != batch {
+        return Err(kernel_error("sequence_lens must have one entry per batch item"));
+    }
+    Ok(Common { x: xv, seq, batch, inp, lens })
+}
+
+/// Converts [seq, dirs, batch, hidden] (or [dirs, batch, hidden]) outputs to layout 1.
+fn to_layout1(v: Vec<f32>, dims: &[usize]) -> Vec<f32> {
+    let hidden = *dims.last().unwrap();
+    let mut out = vec![0f32; v.len()];
+    if dims.len() == 4 {
+        let (s, d, b) = (dims[0], dims[1], dims[2]);
+        for si in 0..s { for di in 0..d { for bi in 0..b {
+            let src = ((si * d + di) * b + bi) * hidden;
+            let dst = ((bi * s + si) * d + di) * hidden;
+            out[dst..dst + hidden].copy_from_slice(&v[src..src + hidden]);
+        }}}
+    } else {
+        let (d, b) = (dims[0], dims[1]);
+        for di in 0..d { for bi in 0..b {
+            let src = (di * b + bi) * hidden;
+            let dst = (bi * d + di) * hidden;
+            out[dst..dst + hidden].copy_from_slice(&v[src..src + hidden]);
+        }}
+    }
+    out
+}
+
+fn directions(info: &NodeInfo) -> RuntimeResult<(usize, bool)> {
+    match info.attr_str("direction", "forward").as_str() {
+        "forward" => Ok((1, false)),
+        "reverse" => Ok((1, true)),
+        "bidirectional" => Ok((2, false)),
+        d => Err(info.error(format!("unknown direction '{d}'"))),
+    }
+}
+
+fn lstm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (dirs, reverse) = directions(info)?;
+    let hidden = info.attr_int("hidden_size", 0).max(0) as usize;
+    let layout = info.attr_int("layout", 0);
+    let clip = info.node.attr_float("clip");
+    let input_forget = info.attr_int("input_forget", 0) != 0;
+    let acts = Acts::from_node(info, &["Sigmoid", "Tanh", "Tanh"], dirs)?;
+    kernel(move |ins| {
+        let c = common(ins, layout)?;
+        let (w, r) = (input(ins, 1)?, input(ins, 2)?);
+        let h = if hidden > 0 { hidden } else { r.shape()[2] };
+        let (wv, rv) = (to_f32(w)?, to_f32(r)?);
+        if w.shape() != [dirs, 4 * h, c.inp] || r.shape() != [dirs, 4 * h, h] {
+            return Err(kernel_error(format!("W {:?} / R {:?} do not fit {dirs} directions, hidden {h}, input {}", w.shape(), r.shape(), c.inp)));
+        }
+        let bias = opt_input(ins, 3).map(|t| to_f32(t).map(|v| v.into_owned())).transpose()?;
+        let init = |i: usize| opt_input(ins, i).map(|t| to_f32(t).map(|v| v.into_owned())).transpose();
+        let (h0, c0, peep) = (init(5)?, init(6)?, init(7)?);
+        let (seq, batch) = (c.seq, c.batch);
+        let mut y = vec![0f32; seq * dirs * batch * h];
+        let mut yh = vec![0f32; dirs * batch * h];
+        let mut yc = vec![0f32; dirs * batch * h];
+        for d in 0..dirs {
+            let backward = reverse || d == 1;
+            // X W^T for every step: [seq*batch, 4h].
+            let mut xw = vec![0f32; seq * batch * 4 * h];
+            sgemm(seq * batch, 4 * h, c.inp, MatRef::rows(&c.x, c.inp), MatRef::transposed(&wv[d * 4 * h * c.inp..(d + 1) * 4 * h * c.inp], c.inp), &mut xw, false);
+            let rd = &rv[d * 4 * h * h..(d + 1) * 4 * h * h];
+            let bsum: Vec<f32> = match &bias {
+                Some(b) => (0..4 * h).map(|k| b[d * 8 * h + k] + b[d * 8 * h + 4 * h + k]).collect(),
+                None => vec![0.0; 4 * h],
+            };
+            let mut hs = h0.as_ref().map_or(vec![0.0; batch * h], |v| v[d * batch * h..(d + 1) * batch * h].to_vec());
+            let mut cs = c0.as_ref().map_or(vec![0.0; batch * h], |v| v[d * batch * h..(d + 1) * batch * h].to_vec());
+            let p = peep.as_ref().map(|v| &v[d * 3 * h..(d + 1) * 3 * h]);
+            let mut gates = vec![0f32; batch * 4 * h];
+            for step in 0..seq {
+                let t = if backward { seq - 1 - step } else { step };
+                gates.copy_from_slice(&xw[t * batch * 4 * h..(t + 1) * batch * 4 * h]);
+                sgemm(batch, 4 * h, h, MatRef::rows(&hs, h), MatRef::transposed(rd, h), &mut gates, true);
+                for b in 0..batch {
+                    // Each item runs over its own length; a reverse run starts at its last step.
+                    if step >= c.lens[b] {
+                        continue;
+                    }
+                    let tt = if backward { c.lens[b] - 1 - step } else { t };
+                    if backward && tt != t {
+                        // Recompute this item's input projection at its own time index.
+                        let xrow = &c.x[(tt * batch + b) * c.inp..(tt * batch + b + 1) * c.inp];
+                        let wd = &wv[d * 4 * h * c.inp..(d + 1) * 4 * h * c.inp];
+                        for k in 0..4 * h {
+                            let mut acc: f32 = (0..h).map(|j| hs[b * h + j] * rd[k * h + j]).sum();
+                            acc += (0..c.inp).map(|j| xrow[j] * wd[k * c.inp + j]).sum::<f32>();
+                            gates[b * 4 * h + k] = acc;
+                        }
+                    }
+                    let g = &mut gates[b * 4 * h..(b + 1) * 4 * h];
+                    for k in 0..h {
+                        let cl = |v: f32| clip.map_or(v, |c| v.clamp(-c, c));
+                        let cprev = cs[b * h + k];
+                        let mut gi = cl(g[k] + bsum[k] + p.map_or(0.0, |p| p[k] * cprev));
+                        let mut gf = cl(g[2 * h + k] + bsum[2 * h + k] + p.map_or(0.0, |p| p[2 * h + k] * cprev));
+                        gi = acts.apply(d * 3, gi);
+                        gf = acts.apply(d * 3, gf);
+                        if input_forget { gf = 1.0 - gi; }
+                        let gc = acts.apply(d * 3 + 1, cl(g[3 * h + k] + bsum[3 * h + k]));
+                        let cnew = gf * cprev + gi * gc;
+                        let go = acts.apply(d * 3, cl(g[h + k] + bsum[h + k] + p.map_or(0.0, |p| p[h + k] * cnew)));
+                        let hnew = go * acts.apply(d * 3 + 2, cnew);
+                        cs[b * h + k] = cnew;
+                        hs[b * h + k] = hnew;
+                        y[((tt * dirs + d) * batch + b) * h + k] = hnew;
+                    }
+                }
+            }
+            yh[d * batch * h..(d + 1) * batch * h].copy_from_slice(&hs);
+            yc[d * batch * h..(d + 1) * batch * h].copy_from_slice(&cs);
+        }
+        let dt = input(ins, 0)?.dtype();
+        let (ys, ss) = ([seq, dirs, batch, h], [dirs, batch, h]);
+        if layout == 1 {
+            return Ok(vec![
+                from_f32(dt, &[batch, seq, dirs, h], to_layout1(y, &ys))?,
+                from_f32(dt, &[batch, dirs, h], to_layout1(yh, &ss))?,
+                from_f32(dt, &[batch, dirs, h], to_layout1(yc, &ss))?,
+            ]);
+        }
+        Ok(vec![from_f32(dt, &ys, y)?, from_f32(dt, &ss, yh)?, from_f32(dt, &ss, yc)?])
+    })
+}
+
+fn gru(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (dirs, reverse) = directions(info)?;
+    let hidden = info.attr_int("hidden_size", 0).max(0) as usize;
+    let layout = info.attr_int("layout", 0);
+    let lbr = info.attr_int("linear_before_reset", 0) != 0;
+    let clip = info.node.attr_float("clip");
+    let acts = Acts::from_node(info, &["Sigmoid", "Tanh"], dirs)?;
+    kernel(move |ins| {
+        let c = common(ins, layout)?;
+        if c.lens.iter().any(|&l| l != c.seq) {
+            return Err(kernel_error("GRU with sequence_lens shorter than the sequence is not supported"));
+        }
+        let (w, r) = (input(ins, 1)?, input(ins, 2)?);
+        let h = if hidden > 0 { hidden } else { r.shape()[2] };
+        let (wv, rv) = (to_f32(w)?, to_f32(r)?);
+        if w.shape() != [dirs, 3 * h, c.inp] || r.shape() != [dirs, 3 * h, h] {
+            return Err(kernel_error(format!("W {:?} / R {:?} do not fit {dirs} directions, hidden {h}", w.shape(), r.shape())));
+        }
+        let bias = opt_input(ins, 3).map(|t| to_f32(t).map(|v| v.into_owned())).transpose()?;
+        let h0 = opt_input(ins, 5).map(|t| to_f32(t).map(|v| v.into_owned())).transpose()?;
+        let (seq, batch) = (c.seq, c.batch);
+        let mut y = vec![0f32; seq * dirs * batch * h];
+        let mut yh = vec![0f32; dirs * batch * h];
+        for d in 0..dirs {
+            let backward = reverse || d == 1;
+            let mut xw = vec![0f32; seq * batch * 3 * h];
+            sgemm(seq * batch, 3 * h, c.inp, MatRef::rows(&c.x, c.inp), MatRef::transposed(&wv[d * 3 * h * c.inp..(d + 1) * 3 * h * c.inp], c.inp), &mut xw, false);
+            let rd = &rv[d * 3 * h * h..(d + 1) * 3 * h * h];
+            let (wb, rb): (Vec<f32>, Vec<f32>) = match &bias {
+                Some(b) => (b[d * 6 * h..d * 6 * h + 3 * h].to_vec(), b[d * 6 * h + 3 * h..(d + 1) * 6 * h].to_vec()),
+                None => (vec![0.0; 3 * h], vec![0.0; 3 * h]),
+            };
+            let mut hs = h0.as_ref().map_or(vec![0.0; batch * h], |v| v[d * batch * h..(d + 1) * batch * h].to_vec());
+            let mut hr = vec![0f32; batch * 3 * h];
+            for step in 0..seq {
+                let t = if backward { seq - 1 - step } else { step };
+                sgemm(batch, 3 * h, h, MatRef::rows(&hs, h), MatRef::transposed(rd, h), &mut hr, false);
+                let cl = |v: f32| clip.map_or(v, |c| v.clamp(-c, c));
+                let mut z = vec![0f32; h];
+                let mut rgate = vec![0f32; h];
+                for b in 0..batch {
+                    let xg = &xw[(t * batch + b) * 3 * h..(t * batch + b + 1) * 3 * h];
+                    let rg = &hr[b * 3 * h..(b + 1) * 3 * h];
+                    for k in 0..h {
+                        z[k] = acts.apply(d * 2, cl(xg[k] + wb[k] + rg[k] + rb[k]));
+                        rgate[k] = acts.apply(d * 2, cl(xg[h + k] + wb[h + k] + rg[h + k] + rb[h + k]));
+                    }
+                    for k in 0..h {
+                        let recur = if lbr {
+                            rgate[k] * (rg[2 * h + k] + rb[2 * h + k])
+                        } else {
+                            (0..h).map(|j| rgate[j] * hs[b * h + j] * rd[(2 * h + k) * h + j]).sum::<f32>() + rb[2 * h + k]
+                        };
+                        let hh = acts.apply(d * 2 + 1, cl(xg[2 * h + k] + wb[2 * h + k] + recur));
+                        y[((t * dirs + d) * batch + b) * h + k] = (1.0 - z[k]) * hh + z[k] * hs[b * h + k];
+                    }
+                }
+                for b in 0..batch {
+                    for k in 0..h {
+                        hs[b * h + k] = y[((t * dirs + d) * batch + b) * h + k];
+                    }
+                }
+            }
+            yh[d * batch * h..(d + 1) * batch * h].copy_from_slice(&hs);
+        }
+        let dt = input(ins, 0)?.dtype();
+        let (ys, ss) = ([seq, dirs, batch, h], [dirs, batch, h]);
+        if layout == 1 {
+            return Ok(vec![from_f32(dt, &[batch, seq, dirs, h], to_layout1(y, &ys))?, from_f32(dt, &[batch, dirs, h], to_layout1(yh, &ss))?]);
+        }
+        Ok(vec![from_f32(dt, &ys, y)?, from_f32(dt, &ss, yh)?])
+    })
+}

@@ -1,0 +1,613 @@
+//! Shape and data-movement operators, and type conversion. These work on any element type.
+
+use half::{bf16, f16};
+use qforge_ir::{DType, Tensor};
+
+use super::util::{axis, broadcast_shape, broadcast_to, gather_elements, input, ints, kernel, opt_input, tensor};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+
+/// Registers the shape and data-movement operators.
+pub fn register(r: &mut Registry) {
+    r.add("", "Identity", 1, LATEST, identity);
+    r.add("", "Dropout", 1, LATEST, dropout);
+    r.add("", "Shape", 1, LATEST, shape);
+    r.add("", "Size", 1, LATEST, size);
+    r.add("", "Reshape", 5, LATEST, reshape);
+    r.add("", "Flatten", 1, LATEST, flatten);
+    r.add("", "Transpose", 1, LATEST, transpose);
+    r.add("", "Squeeze", 1, LATEST, squeeze);
+    r.add("", "Unsqueeze", 1, LATEST, unsqueeze);
+    r.add("", "Concat", 1, LATEST, concat);
+    r.add("", "Split", 2, LATEST, split);
+    r.add("", "Slice", 1, LATEST, slice_op);
+    r.add("", "Gather", 1, LATEST, gather);
+    r.add("", "GatherElements", 11, LATEST, gather_elements_op);
+    r.add("", "Expand", 8, LATEST, expand);
+    r.add("", "Tile", 6, LATEST, tile);
+    r.add("", "Pad", 2, LATEST, pad);
+    r.add("", "Constant", 1, LATEST, constant);
+    r.add("", "ConstantOfShape", 9, LATEST, constant_of_shape);
+    r.add("", "Range", 11, LATEST, range);
+    r.add("", "DepthToSpace", 1, LATEST, depth_to_space);
+    r.add("", "SpaceToDepth", 1, LATEST, space_to_depth);
+}
+
+fn err(e: qforge_ir::IrError) -> crate::RuntimeError {
+    kernel_error(e.to_string())
+}
+
+/// Converts a tensor to another element type (numeric and bool; float to integer truncates
+/// toward zero and saturates, float to bool is `!= 0`).
+pub fn cast_tensor(t: &Tensor, to: DType) -> RuntimeResult<Tensor> {
+    if t.dtype() == to {
+        return Ok(t.clone());
+    }
+    let shape = t.shape();
+    if t.dtype().is_float() {
+        let v: Vec<f64> = t.to_f64_vec().map_err(err)?;
+        return Ok(match to {
+            DType::F32 => tensor(shape, v.iter().map(|&x| x as f32).collect::<Vec<_>>())?,
+            DType::F64 => tensor(shape, v)?,
+            DType::F16 => tensor(shape, v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>())?,
+            DType::BF16 => tensor(shape, v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>())?,
+            DType::Bool => Tensor::from_bools(shape, &v.iter().map(|&x| x != 0.0).collect::<Vec<_>>()).map_err(err)?,
+            _ => from_i64(to, shape, v.iter().map(|&x| if x.is_nan() { 0 } else { x as i64 }).collect())?,
+        });
+    }
+    let v = t.to_i64_vec().map_err(|_| kernel_error(format!("cannot cast {} to {to}", t.dtype())))?;
+    Ok(match to {
+        DType::F32 => tensor(shape, v.iter().map(|&x| x as f32).collect::<Vec<_>>())?,
+        DType::F64 => tensor(shape, v.iter().map(|&x| x as f64).collect::<Vec<_>>())?,
+        DType::F16 => tensor(shape, v.iter().map(|&x| f16::from_f64(x as f64)).collect::<Vec<_>>())?,
+        DType::BF16 => tensor(shape, v.iter().map(|&x| bf16::from_f64(x as f64)).collect::<Vec<_>>())?,
+        DType::Bool => Tensor::from_bools(shape, &v.iter().map(|&x| x != 0).collect::<Vec<_>>()).map_err(err)?,
+        _ => from_i64(to, shape, v)?,
+    })
+}
+
+fn from_i64(to: DType, shape: &[usize], v: Vec<i64>) -> RuntimeResult<Tensor> {
+    Ok(match to {
+        DType::I64 => tensor(shape, v)?,
+        DType::I32 => tensor(shape, v.into_iter().map(|x| x as i32).collect::<Vec<_>>())?,
+        DType::I16 => tensor(shape, v.into_iter().map(|x| x as i16).collect::<Vec<_>>())?,
+        DType::I8 => tensor(shape, v.into_iter().map(|x| x as i8).collect::<Vec<_>>())?,
+        DType::U8 => tensor(shape, v.into_iter().map(|x| x as u8).collect::<Vec<_>>())?,
+        DType::U16 => tensor(shape, v.into_iter().map(|x| x as u16).collect::<Vec<_>>())?,
+        DType::U32 => tensor(shape, v.into_iter().map(|x| x as u32).collect::<Vec<_>>())?,
+        DType::U64 => tensor(shape, v.into_iter().map(|x| x as u64).collect::<Vec<_>>())?,
+        d => return Err(kernel_error(format!("cannot cast to {d}"))),
+    })
+}
+
+fn identity(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| Ok(vec![input(ins, 0)?.clone()]))
+}
+
+fn dropout(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        let mask = Tensor::from_bools(x.shape(), &vec![true; x.len()]).map_err(err)?;
+        Ok(vec![x.clone(), mask])
+    })
+}
+
+fn shape(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (start, end) = (info.attr_int("start", 0), info.node.attr_int("end"));
+    kernel(move |ins| {
+        let s = input(ins, 0)?.shape();
+        let r = s.len() as i64;
+        let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let (a, b) = (clampi(start), clampi(end.unwrap_or(r)));
+        let dims: Vec<i64> = s[a..b.max(a)].iter().map(|&d| d as i64).collect();
+        Ok(vec![tensor(&[dims.len()], dims)?])
+    })
+}
+
+fn size(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| Ok(vec![Tensor::scalar(input(ins, 0)?.len() as i64)]))
+}
+
+/// ONNX `Reshape` target shape: 0 copies the input dimension (unless `allowzero`), -1 is inferred.
+pub fn reshape_target(from: &[usize], spec: &[i64], allowzero: bool) -> RuntimeResult<Vec<usize>> {
+    let n: usize = from.iter().product();
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            -1 if infer.is_none() => { infer = Some(i); out.push(1) }
+            0 if !allowzero => out.push(*from.get(i).ok_or_else(|| kernel_error(format!("shape {spec:?}: dimension {i} copies an input dimension that does not exist")))?),
+            d if d >= 0 => out.push(d as usize),
+            _ => return Err(kernel_error(format!("invalid target shape {spec:?}"))),
+        }
+    }
+    let known: usize = out.iter().product();
+    if let Some(i) = infer {
+        if known == 0 || n % known != 0 {
+            return Err(kernel_error(format!("cannot reshape {from:?} to {spec:?}")));
+        }
+        out[i] = n / known;
+    } else if known != n {
+        return Err(kernel_error(format!("cannot reshape {from:?} ({n} elements) to {spec:?}")));
+    }
+    Ok(out)
+}
+
+fn reshape(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let allowzero = info.attr_int("allowzero", 0) != 0;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let spec = ints(input(ins, 1)?, "shape")?;
+        Ok(vec![x.reshaped(&reshape_target(x.shape(), &spec, allowzero)?).map_err(err)?])
+    })
+}
+
+fn flatten(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", 1);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let r = x.rank();
+        let k = if a < 0 { (a + r as i64).max(0) as usize } else { (a as usize).min(r) };
+        let outer: usize = x.shape()[..k].iter().product();
+        Ok(vec![x.reshaped(&[outer, x.len() / outer.max(1)]).map_err(err)?])
+    })
+}
+
+/// Row-major strides of a shape.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Source indices of a general strided view, in row-major order of `shape`.
+fn strided_indices(shape: &[usize], offset: usize, st: &[isize]) -> Vec<usize> {
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let r = shape.len();
+    let mut idx = vec![0usize; r];
+    let mut cur = offset as isize;
+    for _ in 0..n {
+        out.push(cur as usize);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            cur += st[d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            cur -= st[d] * shape[d] as isize;
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// Transposes `x` by `perm`.
+pub fn transpose_tensor(x: &Tensor, perm: &[usize]) -> RuntimeResult<Tensor> {
+    let s = x.shape();
+    let st = strides(s);
+    let out_shape: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
+    let out_st: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
+    if x.dtype() == DType::F32 {
+        let v = x.as_slice::<f32>().unwrap();
+        return tensor(&out_shape, transpose_f32(v, &out_shape, &out_st));
+    }
+    gather_elements(x, &out_shape, strided_indices(&out_shape, 0, &out_st).into_iter())
+}
+
+/// f32 transpose with the innermost output loop unrolled over contiguous runs when possible.
+fn transpose_f32(v: &[f32], shape: &[usize], st: &[isize]) -> Vec<f32> {
+    strided_indices(shape, 0, st).into_iter().map(|i| v[i]).collect()
+}
+
+fn transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let perm = info.attr_ints("perm");
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let r = x.rank();
+        let p: Vec<usize> = match &perm {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuntimeResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let mut seen = p.clone();
+        seen.sort();
+        if seen != (0..r).collect::<Vec<_>>() {
+            return Err(kernel_error(format!("perm {p:?} is not a permutation of rank {r}")));
+        }
+        Ok(vec![transpose_tensor(x, &p)?])
+    })
+}
+
+fn axes_of(info_axes: &Option<Vec<i64>>, ins: &[Option<&Tensor>], i: usize) -> RuntimeResult<Option<Vec<i64>>> {
+    Ok(match opt_input(ins, i) {
+        Some(t) => Some(ints(t, "axes")?),
+        None => info_axes.clone(),
+    })
+}
+
+fn squeeze(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let attr = info.attr_ints("axes");
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let r = x.rank();
+        let out: Vec<usize> = match axes_of(&attr, ins, 1)? {
+            Some(a) => {
+                let a: Vec<usize> = a.iter().map(|&v| axis(v, r)).collect::<RuntimeResult<_>>()?;
+                for &i in &a {
+                    if x.shape()[i] != 1 {
+                        return Err(kernel_error(format!("cannot squeeze axis {i} of shape {:?}", x.shape())));
+                    }
+                }
+                x.shape().iter().enumerate().filter(|(i, _)| !a.contains(i)).map(|(_, &d)| d).collect()
+            }
+            None => x.shape().iter().copied().filter(|&d| d != 1).collect(),
+        };
+        Ok(vec![x.reshaped(&out).map_err(err)?])
+    })
+}
+
+fn unsqueeze(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let attr = info.attr_ints("axes");
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let a = axes_of(&attr, ins, 1)?.ok_or_else(|| kernel_error("Unsqueeze needs axes"))?;
+        let r = x.rank() + a.len();
+        let mut a: Vec<usize> = a.iter().map(|&v| axis(v, r)).collect::<RuntimeResult<_>>()?;
+        a.sort();
+        let mut out = x.shape().to_vec();
+        for i in a {
+            out.insert(i, 1);
+        }
+        Ok(vec![x.reshaped(&out).map_err(err)?])
+    })
+}
+
+fn concat(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", if info.opset < 4 { 1 } else { i64::MIN });
+    if a == i64::MIN {
+        return Err(info.error("attribute 'axis' is required"));
+    }
+    kernel(move |ins| {
+        let parts: Vec<&Tensor> = ins.iter().flatten().copied().collect();
+        let first = *parts.first().ok_or_else(|| kernel_error("Concat needs inputs"))?;
+        let r = first.rank();
+        let ax = axis(a, r)?;
+        let mut out_shape = first.shape().to_vec();
+        out_shape[ax] = 0;
+        for p in &parts {
+            if p.rank() != r || p.dtype() != first.dtype() || p.shape().iter().enumerate().any(|(i, &d)| i != ax && d != first.shape()[i]) {
+                return Err(kernel_error(format!("cannot concatenate {} {:?} with {} {:?} on axis {ax}", first.dtype(), first.shape(), p.dtype(), p.shape())));
+            }
+            out_shape[ax] += p.shape()[ax];
+        }
+        let outer: usize = out_shape[..ax].iter().product();
+        if first.strings().is_some() {
+            let mut idx = vec![];
+            let flat: Vec<Vec<u8>> = parts.iter().flat_map(|p| p.strings().unwrap().to_vec()).collect();
+            let mut base = vec![0usize];
+            for p in &parts {
+                base.push(base.last().unwrap() + p.len());
+            }
+            for o in 0..outer {
+                for (k, p) in parts.iter().enumerate() {
+                    let block = p.len() / outer.max(1);
+                    idx.extend((0..block).map(|i| base[k] + o * block + i));
+                }
+            }
+            return Ok(vec![Tensor::from_strings(&out_shape, idx.into_iter().map(|i| flat[i].clone()).collect()).map_err(err)?]);
+        }
+        let width = first.dtype().bits() / 8;
+        let mut raw = Vec::with_capacity(out_shape.iter().product::<usize>() * width);
+        for o in 0..outer {
+            for p in &parts {
+                let block = p.len() / outer.max(1) * width;
+                raw.extend_from_slice(&p.raw_bytes().unwrap()[o * block..(o + 1) * block]);
+            }
+        }
+        Ok(vec![Tensor::from_raw(first.dtype(), &out_shape, &raw).map_err(err)?])
+    })
+}
+
+/// Splits `x` along `ax` into pieces of the given sizes.
+pub fn split_tensor(x: &Tensor, ax: usize, sizes: &[usize]) -> RuntimeResult<Vec<Tensor>> {
+    let s = x.shape();
+    if sizes.iter().sum::<usize>() != s[ax] {
+        return Err(kernel_error(format!("split sizes {sizes:?} do not add up to dimension {} of {s:?}", s[ax])));
+    }
+    let outer: usize = s[..ax].iter().product();
+    let inner: usize = s[ax + 1..].iter().product();
+    let mut start = 0;
+    sizes.iter().map(|&len| {
+        let mut shape = s.to_vec();
+        shape[ax] = len;
+        let idx = (0..outer).flat_map(|o| (0..len * inner).map(move |i| o * s[ax] * inner + start * inner + i)).collect::<Vec<_>>();
+        start += len;
+        gather_elements(x, &shape, idx.into_iter())
+    }).collect()
+}
+
+fn split(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", 0);
+    let attr_split = info.attr_ints("split");
+    let n_out = info.node.outputs.len();
+    let num_outputs = info.node.attr_int("num_outputs");
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let ax = axis(a, x.rank())?;
+        let d = x.shape()[ax];
+        let sizes: Vec<usize> = match (opt_input(ins, 1), &attr_split) {
+            (Some(t), _) => ints(t, "split")?.into_iter().map(|v| v as usize).collect(),
+            (None, Some(s)) => s.iter().map(|&v| v as usize).collect(),
+            (None, None) => {
+                let n = num_outputs.map(|n| n as usize).unwrap_or(n_out).max(1);
+                let chunk = d.div_ceil(n);
+                (0..n).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect()
+            }
+        };
+        split_tensor(x, ax, &sizes)
+    })
+}
+
+fn slice_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let attrs = (info.opset < 10).then(|| (info.attr_ints("starts"), info.attr_ints("ends"), info.attr_ints("axes")));
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let (starts, ends, axes, steps) = match &attrs {
+            Some((s, e, a)) => (s.clone().unwrap_or_default(), e.clone().unwrap_or_default(), a.clone(), None),
+            None => (
+                ints(input(ins, 1)?, "starts")?,
+                ints(input(ins, 2)?, "ends")?,
+                opt_input(ins, 3).map(|t| ints(t, "axes")).transpose()?,
+                opt_input(ins, 4).map(|t| ints(t, "steps")).transpose()?,
+            ),
+        };
+        let r = x.rank();
+        let axes: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuntimeResult<_>>()?,
+            None => (0..starts.len()).collect(),
+        };
+        if starts.len() != axes.len() || ends.len() != axes.len() {
+            return Err(kernel_error("starts, ends and axes must have the same length"));
+        }
+        let s = x.shape();
+        let mut begin: Vec<i64> = vec![0; r];
+        let mut step: Vec<i64> = vec![1; r];
+        let mut count: Vec<usize> = s.to_vec();
+        for (k, &ax) in axes.iter().enumerate() {
+            let d = s[ax] as i64;
+            let st = steps.as_ref().map(|v| v[k]).unwrap_or(1);
+            if st == 0 {
+                return Err(kernel_error("slice step cannot be 0"));
+            }
+            let norm = |v: i64| if v < 0 { v + d } else { v };
+            let (b, e) = if st > 0 {
+                (norm(starts[k]).clamp(0, d), norm(ends[k]).clamp(0, d))
+            } else {
+                (norm(starts[k]).clamp(-1, d - 1), norm(ends[k]).clamp(-1, d - 1))
+            };
+            let n = if st > 0 { (e - b + st - 1).div_euclid(st) } else { (b - e + (-st) - 1).div_euclid(-st) };
+            begin[ax] = b;
+            step[ax] = st;
+            count[ax] = n.max(0) as usize;
+        }
+        let st = strides(s);
+        let offset: i64 = (0..r).map(|i| if count[i] > 0 { begin[i] * st[i] as i64 } else { 0 }).sum();
+        let vstrides: Vec<isize> = (0..r).map(|i| (step[i] * st[i] as i64) as isize).collect();
+        Ok(vec![gather_elements(x, &count, strided_indices(&count, offset as usize, &vstrides).into_iter())?])
+    })
+}
+
+fn gather(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", 0);
+    kernel(move |ins| {
+        let (x, idx) = (input(ins, 0)?, input(ins, 1)?);
+        let ax = axis(a, x.rank())?;
+        let s = x.shape();
+        let d = s[ax] as i64;
+        let indices = ints(idx, "indices")?;
+        let mut resolved = Vec::with_capacity(indices.len());
+        for &i in &indices {
+            let j = if i < 0 { i + d } else { i };
+            if j < 0 || j >= d {
+                return Err(kernel_error(format!("index {i} is out of range for dimension {ax} of size {d}")));
+            }
+            resolved.push(j as usize);
+        }
+        let outer: usize = s[..ax].iter().product();
+        let inner: usize = s[ax + 1..].iter().product();
+        let mut shape = s[..ax].to_vec();
+        shape.extend_from_slice(idx.shape());
+        shape.extend_from_slice(&s[ax + 1..]);
+        let src = (0..outer).flat_map(|o| resolved.iter().flat_map(move |&j| (0..inner).map(move |i| (o * s[ax] + j) * inner + i)));
+        Ok(vec![gather_elements(x, &shape, src)?])
+    })
+}
+
+fn gather_elements_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", 0);
+    kernel(move |ins| {
+        let (x, idx) = (input(ins, 0)?, input(ins, 1)?);
+        let ax = axis(a, x.rank())?;
+        let indices = ints(idx, "indices")?;
+        let (xs, is) = (strides(x.shape()), strides(idx.shape()));
+        let d = x.shape()[ax] as i64;
+        let mut src = Vec::with_capacity(indices.len());
+        for (flat, &i) in indices.iter().enumerate() {
+            let j = if i < 0 { i + d } else { i };
+            if j < 0 || j >= d {
+                return Err(kernel_error(format!("index {i} is out of range for dimension {ax} of size {d}")));
+            }
+            let mut off = 0;
+            for k in 0..idx.rank() {
+                let c = (flat / is[k]) % idx.shape()[k];
+                off += if k == ax { j as usize } else { c } * xs[k];
+            }
+            src.push(off);
+        }
+        Ok(vec![gather_elements(x, idx.shape(), src.into_iter())?])
+    })
+}
+
+fn expand(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        let target: Vec<usize> = ints(input(ins, 1)?, "shape")?.into_iter().map(|v| v.max(0) as usize).collect();
+        let out = broadcast_shape(x.shape(), &target)?;
+        if x.dtype() == DType::F32 {
+            return Ok(vec![tensor(&out, broadcast_to(x.as_slice::<f32>().unwrap(), x.shape(), &out))?]);
+        }
+        let idx: Vec<usize> = (0..x.len()).collect();
+        Ok(vec![gather_elements(x, &out, broadcast_to(&idx, x.shape(), &out).into_iter())?])
+    })
+}
+
+fn tile(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        let reps = ints(input(ins, 1)?, "repeats")?;
+        if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
+            return Err(kernel_error(format!("repeats {reps:?} do not fit rank {}", x.rank())));
+        }
+        let s = x.shape();
+        let out: Vec<usize> = s.iter().zip(&reps).map(|(&d, &r)| d * r as usize).collect();
+        let (xs, os) = (strides(s), strides(&out));
+        let n: usize = out.iter().product();
+        let src = (0..n).map(|flat| (0..s.len()).map(|k| ((flat / os[k]) % out[k] % s[k]) * xs[k]).sum());
+        Ok(vec![gather_elements(x, &out, src)?])
+    })
+}
+
+fn pad(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let mode = info.attr_str("mode", "constant");
+    let attrs = (info.opset < 11).then(|| (info.attr_ints("pads").or_else(|| info.attr_ints("paddings")), info.attr_float("value", 0.0)));
+    if !["constant", "reflect", "edge", "wrap"].contains(&mode.as_str()) {
+        return Err(info.error(format!("unknown pad mode '{mode}'")));
+    }
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let r = x.rank();
+        let (pads, value) = match &attrs {
+            Some((p, v)) => (p.clone().ok_or_else(|| kernel_error("pads are required"))?, Tensor::scalar(*v)),
+            None => (
+                ints(input(ins, 1)?, "pads")?,
+                match opt_input(ins, 2) { Some(v) => v.clone(), None => cast_tensor(&Tensor::scalar(0f32), x.dtype())? },
+            ),
+        };
+        let axes: Vec<usize> = match opt_input(ins, 3) {
+            Some(t) => ints(t, "axes")?.iter().map(|&a| axis(a, r)).collect::<RuntimeResult<_>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(kernel_error(format!("{} pads do not fit {} axes", pads.len(), axes.len())));
+        }
+        let mut before = vec![0i64; r];
+        let mut after = vec![0i64; r];
+        for (k, &a) in axes.iter().enumerate() {
+            before[a] = pads[k];
+            after[a] = pads[k + axes.len()];
+        }
+        let s = x.shape();
+        let out: Vec<usize> = (0..r).map(|i| (s[i] as i64 + before[i] + after[i]).max(0) as usize).collect();
+        let n: usize = out.iter().product();
+        let (xs, os) = (strides(s), strides(&out));
+        // Source index for every output element, or None for the constant value.
+        let mut src: Vec<Option<usize>> = Vec::with_capacity(n);
+        for flat in 0..n {
+            let mut off = 0usize;
+            let mut inside = true;
+            for k in 0..r {
+                let d = s[k] as i64;
+                let mut c = ((flat / os[k]) % out[k]) as i64 - before[k];
+                if c < 0 || c >= d {
+                    if d == 0 { inside = false; break; }
+                    c = match mode.as_str() {
+                        "edge" => c.clamp(0, d - 1),
+                        "wrap" => c.rem_euclid(d),
+                        "reflect" if d > 1 => { let p = 2 * (d - 1); let m = c.rem_euclid(p); if m >= d { p - m } else { m } }
+                        "reflect" => 0,
+                        _ => { inside = false; break; }
+                    };
+                }
+                off += c as usize * xs[k];
+            }
+            src.push(inside.then_some(off));
+        }
+        let value = cast_tensor(&value, x.dtype())?;
+        let joined = concat_with_value(x, &value)?;
+        let fill = x.len();
+        Ok(vec![gather_elements(&joined, &out, src.into_iter().map(|s| s.unwrap_or(fill)))?])
+    })
+}
+
+/// `x` flattened with one extra element (the pad value) appended.
+fn concat_with_value(x: &Tensor, value: &Tensor) -> RuntimeResult<Tensor> {
+    let mut raw = x.raw_bytes().ok_or_else(|| kernel_error("Pad on strings is not supported"))?.to_vec();
+    let v = value.raw_bytes().unwrap();
+    raw.extend_from_slice(&v[..x.dtype().bits() / 8]);
+    Tensor::from_raw(x.dtype(), &[x.len() + 1], &raw).map_err(err)
+}
+
+fn constant(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let t = info.node.constant_tensor().ok_or_else(|| info.error("Constant needs exactly one dense value attribute"))?;
+    kernel(move |_| Ok(vec![t.clone()]))
+}
+
+fn constant_of_shape(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let value = match info.node.attr("value") {
+        Some(qforge_ir::Attr::Tensor(t)) if t.len() == 1 => t.clone(),
+        Some(_) => return Err(info.error("'value' must be a one-element tensor")),
+        None => Tensor::scalar(0f32),
+    };
+    kernel(move |ins| {
+        let shape: Vec<usize> = ints(input(ins, 0)?, "shape")?.iter().map(|&d| usize::try_from(d).map_err(|_| kernel_error(format!("negative dimension {d}")))).collect::<RuntimeResult<_>>()?;
+        Tensor::checked_byte_len(value.dtype(), &shape, 8 << 30).map_err(err)?;
+        let n: usize = shape.iter().product();
+        Ok(vec![gather_elements(&value.reshaped(&[1]).map_err(err)?, &shape, std::iter::repeat_n(0, n))?])
+    })
+}
+
+fn range(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let (s, l, d) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+        let f = |t: &Tensor| t.to_f64_vec().map_err(err).and_then(|v| v.first().copied().ok_or_else(|| kernel_error("Range bounds must be scalars")));
+        let (start, limit, delta) = (f(s)?, f(l)?, f(d)?);
+        if delta == 0.0 {
+            return Err(kernel_error("Range delta cannot be 0"));
+        }
+        let n = ((limit - start) / delta).ceil().max(0.0) as usize;
+        if s.dtype().is_float() {
+            let v: Vec<f64> = (0..n).map(|i| start + i as f64 * delta).collect();
+            return Ok(vec![cast_tensor(&tensor(&[n], v)?, s.dtype())?]);
+        }
+        let (a, b) = (start as i64, delta as i64);
+        let v: Vec<i64> = (0..n as i64).map(|i| a + i * b).collect();
+        Ok(vec![cast_tensor(&tensor(&[n], v)?, s.dtype())?])
+    })
+}
+
+fn depth_to_space(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let b = info.attr_int("blocksize", 0).max(1) as usize;
+    let crd = info.attr_str("mode", "DCR") == "CRD";
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let [n, c, h, w] = *x.shape() else { return Err(kernel_error("DepthToSpace needs a 4-D input")) };
+        let c2 = c / (b * b);
+        let (shape6, perm) = if crd { ([n, c2, b, b, h, w], [0, 1, 4, 2, 5, 3]) } else { ([n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2]) };
+        let t = transpose_tensor(&x.reshaped(&shape6).map_err(err)?, &perm)?;
+        Ok(vec![t.reshaped(&[n, c2, h * b, w * b]).map_err(err)?])
+    })
+}
+
+fn space_to_depth(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let b = info.attr_int("blocksize", 0).max(1) as usize;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let [n, c, h, w] = *x.shape() else { return Err(kernel_error("SpaceToDepth needs a 4-D input")) };
+        let t = transpose_tensor(&x.reshaped(&[n, c, h / b, b, w / b, b]).map_err(err)?, &[0, 3, 5, 1, 2, 4])?;
+        Ok(vec![t.reshaped(&[n, c * b * b, h / b, w / b]).map_err(err)?])
+    })
+}

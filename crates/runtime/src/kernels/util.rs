@@ -1,0 +1,270 @@
+//! Shared kernel helpers: input access, numpy broadcasting, axes, typed dispatch.
+
+use qforge_ir::{DType, Elem, Tensor};
+
+use crate::{kernel_error, Kernel, RunCtx, RuntimeResult};
+
+/// A kernel from a closure over the inputs.
+pub struct FnKernel<F>(pub F);
+
+impl<F> Kernel for FnKernel<F>
+where
+    F: Fn(&[Option<&Tensor>]) -> RuntimeResult<Vec<Tensor>> + Send + Sync,
+{
+    fn run(&self, inputs: &[Option<&Tensor>], _ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
+        (self.0)(inputs)
+    }
+}
+
+/// Boxes a closure kernel.
+pub fn kernel<F>(f: F) -> RuntimeResult<Box<dyn Kernel>>
+where
+    F: Fn(&[Option<&Tensor>]) -> RuntimeResult<Vec<Tensor>> + Send + Sync + 'static,
+{
+    Ok(Box::new(FnKernel(f)))
+}
+
+/// Input `i`, which must be present.
+pub fn input<'a>(ins: &[Option<&'a Tensor>], i: usize) -> RuntimeResult<&'a Tensor> {
+    ins.get(i).copied().flatten().ok_or_else(|| kernel_error(format!("input {i} is required")))
+}
+
+/// Input `i` if given.
+pub fn opt_input<'a>(ins: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
+    ins.get(i).copied().flatten()
+}
+
+/// A typed view, with the error naming the input.
+pub fn slice<'a, T: Elem>(t: &'a Tensor, what: &str) -> RuntimeResult<&'a [T]> {
+    t.as_slice::<T>().map_err(|_| kernel_error(format!("{what} must be {}, got {}", T::DTYPE, t.dtype())))
+}
+
+/// A tensor from a vector whose length is known to match the shape.
+pub fn tensor<T: Elem>(shape: &[usize], v: Vec<T>) -> RuntimeResult<Tensor> {
+    Tensor::from_vec(shape, v).map_err(|e| kernel_error(e.to_string()))
+}
+
+/// Integer values of a shape-like input (int64 or int32).
+pub fn ints(t: &Tensor, what: &str) -> RuntimeResult<Vec<i64>> {
+    match t.dtype() {
+        DType::I64 | DType::I32 => t.to_i64_vec().map_err(|e| kernel_error(e.to_string())),
+        d => Err(kernel_error(format!("{what} must be int64, got {d}"))),
+    }
+}
+
+/// `axis` in `[-rank, rank)` as an index.
+pub fn axis(axis: i64, rank: usize) -> RuntimeResult<usize> {
+    let r = rank as i64;
+    if axis < -r || axis >= r.max(1) {
+        return Err(kernel_error(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+}
+
+/// The numpy broadcast of two shapes.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> RuntimeResult<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    (0..n).map(|i| {
+        let (x, y) = (get(a, i), get(b, i));
+        if x == y || y == 1 { Ok(x) } else if x == 1 { Ok(y) } else {
+            Err(kernel_error(format!("shapes {a:?} and {b:?} cannot be broadcast together")))
+        }
+    }).collect()
+}
+
+/// Strides of `shape` (row-major) seen from `out` (length `out.len()`), 0 on broadcast dims.
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; out.len()];
+    let mut s = 1;
+    for i in (0..shape.len()).rev() {
+        let o = i + out.len() - shape.len();
+        strides[o] = if shape[i] == 1 && out[o] != 1 { 0 } else { s };
+        s *= shape[i];
+    }
+    strides
+}
+
+/// Output shape and per-input strides with adjacent dimensions merged where every input
+/// steps through them the same way, so inner loops are as long as possible.
+fn coalesce(out: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut dims: Vec<usize> = vec![];
+    let mut st: Vec<Vec<usize>> = vec![vec![]; strides.len()];
+    for d in 0..out.len() {
+        if out[d] == 1 {
+            continue;
+        }
+        if let Some(&last) = dims.last() {
+            let mergeable = strides.iter().enumerate().all(|(k, s)| *st[k].last().unwrap() == s[d] * out[d]);
+            if mergeable {
+                *dims.last_mut().unwrap() = last * out[d];
+                for (k, s) in strides.iter().enumerate() {
+                    *st[k].last_mut().unwrap() = s[d];
+                }
+                continue;
+            }
+        }
+        dims.push(out[d]);
+        for (k, s) in strides.iter().enumerate() {
+            st[k].push(s[d]);
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        for s in st.iter_mut() {
+            s.push(0);
+        }
+    }
+    (dims, st)
+}
+
+/// Visits the output in row-major order in contiguous runs along the last (coalesced)
+/// dimension: `f(out_offset, input_offsets, run_length, input_inner_strides)`.
+fn for_each_run<const N: usize>(out: &[usize], shapes: [&[usize]; N], mut f: impl FnMut(usize, [usize; N], usize, [usize; N])) {
+    let strides: Vec<Vec<usize>> = shapes.iter().map(|s| broadcast_strides(s, out)).collect();
+    let (dims, st) = coalesce(out, &strides);
+    let last = dims.len() - 1;
+    let inner = dims[last];
+    let inner_st: [usize; N] = std::array::from_fn(|k| st[k][last]);
+    let outer: usize = dims[..last].iter().product();
+    let mut idx = vec![0usize; last];
+    let mut offs = [0usize; N];
+    for o in 0..outer {
+        f(o * inner, offs, inner, inner_st);
+        for d in (0..last).rev() {
+            idx[d] += 1;
+            for k in 0..N {
+                offs[k] += st[k][d];
+            }
+            if idx[d] < dims[d] {
+                break;
+            }
+            for k in 0..N {
+                offs[k] -= st[k][d] * dims[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// `f` applied elementwise with numpy broadcasting.
+pub fn binary<A: Copy, B: Copy, O: Copy + Default>(a: &[A], ashape: &[usize], b: &[B], bshape: &[usize], f: impl Fn(A, B) -> O) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
+    let shape = broadcast_shape(ashape, bshape)?;
+    let n: usize = shape.iter().product();
+    if ashape == bshape {
+        return Ok((a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect(), shape));
+    }
+    let mut out = vec![O::default(); n];
+    if n == 0 {
+        return Ok((out, shape));
+    }
+    for_each_run(&shape, [ashape, bshape], |o, [ia, ib], len, [sa, sb]| {
+        let dst = &mut out[o..o + len];
+        match (sa, sb) {
+            (1, 1) => dst.iter_mut().zip(&a[ia..ia + len]).zip(&b[ib..ib + len]).for_each(|((d, &x), &y)| *d = f(x, y)),
+            (1, 0) => { let y = b[ib]; dst.iter_mut().zip(&a[ia..ia + len]).for_each(|(d, &x)| *d = f(x, y)) }
+            (0, 1) => { let x = a[ia]; dst.iter_mut().zip(&b[ib..ib + len]).for_each(|(d, &y)| *d = f(x, y)) }
+            _ => dst.iter_mut().enumerate().for_each(|(i, d)| *d = f(a[ia + i * sa], b[ib + i * sb])),
+        }
+    });
+    Ok((out, shape))
+}
+
+/// `f` applied elementwise to three broadcast inputs (for `Where`).
+pub fn ternary<A: Copy, B: Copy, C: Copy, O: Copy + Default>(
+    a: (&[A], &[usize]), b: (&[B], &[usize]), c: (&[C], &[usize]), f: impl Fn(A, B, C) -> O,
+) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
+    let shape = broadcast_shape(&broadcast_shape(a.1, b.1)?, c.1)?;
+    let n: usize = shape.iter().product();
+    let mut out = vec![O::default(); n];
+    if n == 0 {
+        return Ok((out, shape));
+    }
+    for_each_run(&shape, [a.1, b.1, c.1], |o, [ia, ib, ic], len, [sa, sb, sc]| {
+        for (i, d) in out[o..o + len].iter_mut().enumerate() {
+            *d = f(a.0[ia + i * sa], b.0[ib + i * sb], c.0[ic + i * sc]);
+        }
+    });
+    Ok((out, shape))
+}
+
+/// Copies `src` (of `shape`) broadcast to `out` (for `Expand`).
+pub fn broadcast_to<T: Copy + Default>(src: &[T], shape: &[usize], out: &[usize]) -> Vec<T> {
+    let n: usize = out.iter().product();
+    let mut dst = vec![T::default(); n];
+    if n == 0 {
+        return dst;
+    }
+    for_each_run(out, [shape], |o, [i], len, [s]| {
+        if s == 1 {
+            dst[o..o + len].copy_from_slice(&src[i..i + len]);
+        } else {
+            dst[o..o + len].fill(src[i]);
+        }
+    });
+    dst
+}
+
+/// Copies the data of any tensor whose elements have a fixed byte size into a new tensor of
+/// another shape with elements picked by `index` (a gather of whole elements), keeping dtype.
+pub fn gather_elements(t: &Tensor, shape: &[usize], index: impl Iterator<Item = usize>) -> RuntimeResult<Tensor> {
+    if let Some(s) = t.strings() {
+        let v: Vec<Vec<u8>> = index.map(|i| s[i].clone()).collect();
+        return Tensor::from_strings(shape, v).map_err(|e| kernel_error(e.to_string()));
+    }
+    let width = t.dtype().bits() / 8;
+    if width == 0 || t.dtype().bits() % 8 != 0 {
+        return Err(kernel_error(format!("{} tensors are not supported here", t.dtype())));
+    }
+    let src = t.raw_bytes().unwrap();
+    let mut out = Vec::with_capacity(shape.iter().product::<usize>() * width);
+    match width {
+        4 => {
+            let s: &[u32] = bytemuck_u32(src);
+            let v: Vec<u32> = index.map(|i| s[i]).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&v));
+        }
+        _ => {
+            for i in index {
+                out.extend_from_slice(&src[i * width..(i + 1) * width]);
+            }
+        }
+    }
+    Tensor::from_raw(t.dtype(), shape, &out).map_err(|e| kernel_error(e.to_string()))
+}
+
+fn bytemuck_u32(b: &[u8]) -> &[u32] {
+    // Tensor storage is 8-byte aligned, so a 4-byte view of it is always valid.
+    bytemuck::cast_slice(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_matches_numpy_rules() {
+        assert_eq!(broadcast_shape(&[2, 1, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
+        assert!(broadcast_shape(&[2, 3], &[4]).is_err());
+        // a[i,j] + b[j] for a 2x3 and b 3-vector, and a column [2,1].
+        let a = [1, 2, 3, 4, 5, 6];
+        let (v, s) = binary(&a, &[2, 3], &[10, 20, 30], &[3], |x, y| x + y).unwrap();
+        assert_eq!((v, s), (vec![11, 22, 33, 14, 25, 36], vec![2, 3]));
+        let (v, _) = binary(&a, &[2, 3], &[100, 200], &[2, 1], |x, y| x + y).unwrap();
+        assert_eq!(v, vec![101, 102, 103, 204, 205, 206]);
+        // Outer product [3,1] x [1,2].
+        let (v, s) = binary(&[1, 2, 3], &[3, 1], &[10, 20], &[1, 2], |x, y| x * y).unwrap();
+        assert_eq!((v, s), (vec![10, 20, 20, 40, 30, 60], vec![3, 2]));
+        // NCHW + [1,C,1,1] bias.
+        let x: Vec<i32> = (0..16).collect();
+        let (v, _) = binary(&x, &[1, 2, 2, 4], &[0, 100], &[1, 2, 1, 1], |x, y| x + y).unwrap();
+        assert_eq!(&v[6..10], &[6, 7, 108, 109]);
+    }
+
+    #[test]
+    fn expand_and_where() {
+        assert_eq!(broadcast_to(&[1, 2], &[2, 1], &[2, 3]), vec![1, 1, 1, 2, 2, 2]);
+        let (v, _) = ternary((&[true, false], &[2]), (&[1, 2], &[2]), (&[9], &[1]), |c, x, y| if c { x } else { y }).unwrap();
+        assert_eq!(v, vec![1, 9]);
+    }
+}

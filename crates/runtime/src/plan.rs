@@ -1,0 +1,244 @@
+//! Execution plans: a graph compiled once into kernels over value slots.
+
+use std::collections::HashMap;
+
+use qforge_ir::{Dim, Graph, NodeId, OpsetImport, Tensor, ValueId, ValueKind, ValueType};
+
+use crate::hooks::{Hooks, ValueEvent};
+use crate::{Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult};
+
+/// Ops whose outputs vary from run to run; never folded into constants.
+const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+
+struct Step {
+    node: NodeId,
+    label: String,
+    op: String,
+    kernel: Box<dyn Kernel>,
+    inputs: Vec<Option<usize>>,
+    outputs: Vec<Option<usize>>,
+    /// Slots whose last reader is this step.
+    free: Vec<usize>,
+}
+
+/// A graph input as the plan sees it.
+pub(crate) struct PlannedInput {
+    pub name: String,
+    pub slot: usize,
+    pub ty: Option<ValueType>,
+    pub default: Option<Tensor>,
+}
+
+/// A graph compiled for execution: constants folded, kernels built, liveness computed.
+pub struct Plan {
+    graph: String,
+    slots: usize,
+    constants: Vec<(usize, Tensor)>,
+    pub(crate) inputs: Vec<PlannedInput>,
+    outers: Vec<(String, usize)>,
+    steps: Vec<Step>,
+    pub(crate) outputs: Vec<(String, usize)>,
+    by_name: HashMap<String, usize>,
+    names: Vec<String>,
+    value_ids: Vec<ValueId>,
+}
+
+fn opset_of(opsets: &[OpsetImport], domain: &str) -> i64 {
+    let norm = |d: &str| if d == "ai.onnx" { String::new() } else { d.to_string() };
+    opsets.iter().find(|o| norm(&o.domain) == norm(domain)).map(|o| o.version)
+        .unwrap_or(if domain.is_empty() || domain == "ai.onnx" { 21 } else { 1 })
+}
+
+impl Plan {
+    /// Plans a graph: topological order, constant folding of initializer-only
+    /// subexpressions, one kernel per remaining node, and the last reader of every value.
+    pub fn build(g: &Graph, opsets: &[OpsetImport], registry: &Registry) -> RuntimeResult<Plan> {
+        let order = g.topo_order()?;
+        let slots = g.values().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0);
+        let mut consts: HashMap<usize, Tensor> = HashMap::new();
+        for (id, v) in g.initializers() {
+            if v.kind() == ValueKind::Initializer {
+                consts.insert(id.0 as usize, v.initializer().unwrap().clone());
+            }
+        }
+        let mut steps = vec![];
+        for id in order {
+            let node = g.node(id)?;
+            let label = node.display_name(id);
+            let opset = opset_of(opsets, &node.domain);
+            let build = registry.lookup(&node.domain, &node.op_type, opset)
+                .ok_or_else(|| RuntimeError::Unsupported { node: label.clone(), op: node.qualified_op(), opset })?;
+            let info = NodeInfo {
+                node,
+                id,
+                graph: g,
+                opset,
+                opsets,
+                const_inputs: node.inputs.iter().map(|v| v.and_then(|v| consts.get(&(v.0 as usize)))).collect(),
+                input_types: node.inputs.iter().map(|v| v.and_then(|v| g.value(v).ok()).and_then(|v| v.ty.as_ref())).collect(),
+            };
+            let kernel = build(&info).map_err(|e| locate(e, &label, &node.op_type))?;
+            let foldable = node.captures().is_empty()
+                && node.subgraphs().next().is_none()
+                && !NONDETERMINISTIC.contains(&node.op_type.as_str())
+                && node.inputs.iter().flatten().all(|v| consts.contains_key(&(v.0 as usize)));
+            if foldable {
+                let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.map(|v| &consts[&(v.0 as usize)])).collect();
+                let no_scope = |_: &str| None;
+                let outs = kernel.run(&ins, &RunCtx { scope: &no_scope }).map_err(|e| locate(e, &label, &node.op_type))?;
+                for (v, t) in node.outputs.iter().zip(outs) {
+                    if let Some(v) = v {
+                        consts.insert(v.0 as usize, t);
+                    }
+                }
+                continue;
+            }
+            steps.push(Step {
+                node: id,
+                label,
+                op: node.op_type.clone(),
+                kernel,
+                inputs: node.inputs.iter().map(|v| v.map(|v| v.0 as usize)).collect(),
+                outputs: node.outputs.iter().map(|v| v.map(|v| v.0 as usize)).collect(),
+                free: vec![],
+            });
+        }
+        let outputs: Vec<(String, usize)> = g.outputs().iter().map(|v| (g.value_name(*v), v.0 as usize)).collect();
+        let keep: std::collections::HashSet<usize> = outputs.iter().map(|o| o.1).collect();
+        let mut last_use: HashMap<usize, usize> = HashMap::new();
+        for (i, s) in steps.iter().enumerate() {
+            let node = g.node(s.node)?;
+            for v in s.inputs.iter().flatten().copied().chain(node.captures().iter().map(|v| v.0 as usize)) {
+                last_use.insert(v, i);
+            }
+        }
+        for (v, i) in last_use {
+            if !keep.contains(&v) {
+                steps[i].free.push(v);
+            }
+        }
+        // Only constants that the steps or outputs read are kept.
+        let needed: std::collections::HashSet<usize> = steps.iter()
+            .flat_map(|s| s.inputs.iter().flatten().copied().collect::<Vec<_>>())
+            .chain(keep.iter().copied())
+            .chain(steps.iter().flat_map(|s| g.node(s.node).map(|n| n.captures().iter().map(|v| v.0 as usize).collect::<Vec<_>>()).unwrap_or_default()))
+            .collect();
+        let mut constants: Vec<(usize, Tensor)> = consts.into_iter().filter(|(k, _)| needed.contains(k)).collect();
+        constants.sort_by_key(|c| c.0);
+        let inputs = g.inputs().iter().map(|v| {
+            let val = g.value(*v).expect("input exists");
+            PlannedInput { name: val.name.clone(), slot: v.0 as usize, ty: val.ty.clone(), default: val.initializer().cloned() }
+        }).collect();
+        let outers = g.values().filter(|(_, v)| v.kind() == ValueKind::Outer).map(|(id, v)| (v.name.clone(), id.0 as usize)).collect();
+        let mut value_ids = vec![ValueId(u32::MAX); slots];
+        let mut names = vec![String::new(); slots];
+        let mut by_name = HashMap::new();
+        for (id, v) in g.values() {
+            value_ids[id.0 as usize] = id;
+            names[id.0 as usize] = v.name.clone();
+            by_name.insert(v.name.clone(), id.0 as usize);
+        }
+        Ok(Plan { graph: g.name.clone(), slots, constants, inputs, outers, steps, outputs, by_name, names, value_ids })
+    }
+
+    /// Number of kernels executed per run (nodes left after constant folding).
+    pub fn step_count(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Runs the plan. `feeds[i]` is graph input `i` (`None`: use its default initializer).
+    /// `scope` resolves values of enclosing graphs. `hooks` sees every produced value.
+    pub fn run(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, mut hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<Tensor>> {
+        let mut table: Vec<Option<Tensor>> = vec![None; self.slots];
+        for (slot, t) in &self.constants {
+            table[*slot] = Some(t.clone());
+        }
+        for (i, input) in self.inputs.iter().enumerate() {
+            let t = feeds.get_mut(i).and_then(|f| f.take()).or_else(|| input.default.clone())
+                .ok_or_else(|| RuntimeError::Input { input: input.name.clone(), reason: "is required but was not given".into() })?;
+            check_input(input, &t)?;
+            let t = match hooks.as_deref_mut() {
+                Some(h) => {
+                    let ev = ValueEvent { node: None, output: i, value: self.value_ids[input.slot], name: &input.name };
+                    h.on_value(&ev, &t).unwrap_or(t)
+                }
+                None => t,
+            };
+            table[input.slot] = Some(t);
+        }
+        for (name, slot) in &self.outers {
+            table[*slot] = Some(scope(name).ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' reads '{name}' from an enclosing graph, which does not define it", self.graph)))?);
+        }
+        for step in &self.steps {
+            let outs = {
+                let ins: Vec<Option<&Tensor>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
+                if let Some(missing) = step.inputs.iter().zip(&ins).position(|(s, t)| s.is_some() && t.is_none()) {
+                    return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("input {missing} has no value") });
+                }
+                let lookup = |name: &str| match self.by_name.get(name) {
+                    Some(&s) => table[s].clone().or_else(|| scope(name)),
+                    None => scope(name),
+                };
+                step.kernel.run(&ins, &RunCtx { scope: &lookup }).map_err(|e| locate(e, &step.label, &step.op))?
+            };
+            if outs.len() < step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
+                return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
+            }
+            for (k, (slot, t)) in step.outputs.iter().zip(outs).enumerate() {
+                let Some(slot) = slot else { continue };
+                let t = match hooks.as_deref_mut() {
+                    Some(h) => {
+                        let name = &self.names[*slot];
+                        let ev = ValueEvent { node: Some(step.node), output: k, value: self.value_ids[*slot], name };
+                        h.on_value(&ev, &t).unwrap_or(t)
+                    }
+                    None => t,
+                };
+                table[*slot] = Some(t);
+            }
+            for s in &step.free {
+                table[*s] = None;
+            }
+        }
+        self.outputs.iter().map(|(name, slot)| {
+            table[*slot].clone().ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' output '{name}' was not computed", self.graph)))
+        }).collect()
+    }
+}
+
+/// Adds the node to a kernel error.
+fn locate(e: RuntimeError, label: &str, op: &str) -> RuntimeError {
+    match e {
+        RuntimeError::Kernel(reason) => RuntimeError::Node { node: label.to_string(), op: op.to_string(), reason },
+        RuntimeError::Ir(e) => RuntimeError::Node { node: label.to_string(), op: op.to_string(), reason: e.to_string() },
+        e => e,
+    }
+}
+
+/// Checks a fed tensor against the input's declared element type, rank and fixed dimensions.
+fn check_input(input: &PlannedInput, t: &Tensor) -> RuntimeResult<()> {
+    let err = |reason: String| RuntimeError::Input { input: input.name.clone(), reason };
+    let Some(ValueType::Tensor { elem, shape }) = &input.ty else { return Ok(()) };
+    if let Some(e) = elem {
+        if *e != t.dtype() {
+            return Err(err(format!("must be {e}, got {}", t.dtype())));
+        }
+    }
+    if let Some(shape) = shape {
+        if shape.len() != t.rank() {
+            return Err(err(format!("must have rank {} ({}), got shape {:?}", shape.len(), fmt_shape(shape), t.shape())));
+        }
+        for (i, (d, &n)) in shape.iter().zip(t.shape()).enumerate() {
+            if let Dim::Known(k) = d {
+                if *k >= 0 && *k as usize != n {
+                    return Err(err(format!("dimension {i} must be {k} ({}), got shape {:?}", fmt_shape(shape), t.shape())));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fmt_shape(s: &[Dim]) -> String {
+    format!("[{}]", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+}

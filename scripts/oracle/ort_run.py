@@ -1,0 +1,27 @@
+"""Runs a model in ONNX Runtime (CPU EP) and saves its outputs.
+
+    python scripts/oracle/ort_run.py MODEL.onnx -o OUT.npz --input NAME=FILE.npy ... [--threads N] [--no-opt]
+
+Outputs are saved under their graph output names. --no-opt disables graph optimizations.
+"""
+import argparse
+
+import numpy as np
+import onnxruntime as ort
+
+p = argparse.ArgumentParser()
+p.add_argument("model")
+p.add_argument("-o", "--output", required=True)
+p.add_argument("--input", action="append", default=[])
+p.add_argument("--threads", type=int, default=1)
+p.add_argument("--no-opt", action="store_true")
+args = p.parse_args()
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = args.threads
+if args.no_opt:
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+sess = ort.InferenceSession(args.model, opts, providers=["CPUExecutionProvider"])
+feed = {k: np.load(v) for k, v in (s.split("=", 1) for s in args.input)}
+names = [o.name for o in sess.get_outputs()]
+outs = sess.run(names, feed)
+np.savez(args.output, **dict(zip(names, outs)))
