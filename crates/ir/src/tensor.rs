@@ -16,27 +16,64 @@ macro_rules! elem {
 elem!(f32 => F32, f64 => F64, f16 => F16, bf16 => BF16, i8 => I8, u8 => U8, i16 => I16,
       u16 => U16, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
 
-/// Byte storage aligned to 8 bytes, so that any element type can be viewed in place.
+/// Element storage, aligned for its element width, so typed views are free and typed vectors
+/// move in without a copy.
 #[derive(Clone, PartialEq)]
-struct Bytes {
-    words: Vec<u64>,
-    len: usize,
+enum Bytes {
+    W1(Vec<u8>),
+    W2(Vec<u16>),
+    W4(Vec<u32>),
+    W8(Vec<u64>),
 }
 
 impl Bytes {
-    fn zeroed(len: usize) -> Bytes {
-        Bytes { words: vec![0; len.div_ceil(8)], len }
+    /// Zeroed storage of `len` bytes for elements `width` bytes wide.
+    fn zeroed(len: usize, width: usize) -> Bytes {
+        match width {
+            8 if len % 8 == 0 => Bytes::W8(vec![0; len / 8]),
+            4 if len % 4 == 0 => Bytes::W4(vec![0; len / 4]),
+            2 if len % 2 == 0 => Bytes::W2(vec![0; len / 2]),
+            _ => Bytes::W1(vec![0; len]),
+        }
     }
-    fn from_slice(b: &[u8]) -> Bytes {
-        let mut out = Bytes::zeroed(b.len());
+    fn from_slice(b: &[u8], width: usize) -> Bytes {
+        let mut out = Bytes::zeroed(b.len(), width);
         out.as_mut().copy_from_slice(b);
         out
     }
+    fn from_vec<T: Elem>(v: Vec<T>) -> Bytes {
+        match std::mem::size_of::<T>() {
+            8 => Bytes::W8(bytemuck::allocation::cast_vec(v)),
+            4 => Bytes::W4(bytemuck::allocation::cast_vec(v)),
+            2 => Bytes::W2(bytemuck::allocation::cast_vec(v)),
+            _ => Bytes::W1(bytemuck::allocation::cast_vec(v)),
+        }
+    }
     fn as_ref(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
+        match self {
+            Bytes::W1(v) => v,
+            Bytes::W2(v) => bytemuck::cast_slice(v),
+            Bytes::W4(v) => bytemuck::cast_slice(v),
+            Bytes::W8(v) => bytemuck::cast_slice(v),
+        }
     }
     fn as_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+        match self {
+            Bytes::W1(v) => v,
+            Bytes::W2(v) => bytemuck::cast_slice_mut(v),
+            Bytes::W4(v) => bytemuck::cast_slice_mut(v),
+            Bytes::W8(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
+}
+
+/// Storage width for an element type (1 for packed and byte-sized types).
+fn width_of(dtype: DType) -> usize {
+    match dtype.bits() {
+        16 => 2,
+        32 => 4,
+        64 | 128 => 8,
+        _ => 1,
     }
 }
 
@@ -48,8 +85,8 @@ enum Data {
 
 /// A dense tensor of any ONNX element type.
 ///
-/// Numeric elements are stored little-endian in 8-byte-aligned memory; `bool` as one byte per
-/// element (0 or 1); 4- and 2-bit types packed low bits first as in ONNX (opset 21);
+/// Numeric elements are stored little-endian in memory aligned for their width; `bool` as one
+/// byte per element (0 or 1); 4- and 2-bit types packed low bits first as in ONNX (opset 21);
 /// strings as byte strings. Storage is shared: `clone` is cheap and writes copy on demand.
 #[derive(Clone, PartialEq)]
 pub struct Tensor {
@@ -83,7 +120,7 @@ impl Tensor {
         let data = if dtype == DType::String {
             Data::Strings(vec![Vec::new(); bytes / 8])
         } else {
-            Data::Bytes(Bytes::zeroed(bytes))
+            Data::Bytes(Bytes::zeroed(bytes, width_of(dtype)))
         };
         Ok(Tensor { dtype, shape: shape.to_vec(), data: Arc::new(data) })
     }
@@ -101,12 +138,19 @@ impl Tensor {
                     element_count(shape).unwrap_or(0), raw.len()),
             });
         }
-        Ok(Tensor { dtype, shape: shape.to_vec(), data: Arc::new(Data::Bytes(Bytes::from_slice(raw))) })
+        Ok(Tensor { dtype, shape: shape.to_vec(), data: Arc::new(Data::Bytes(Bytes::from_slice(raw, width_of(dtype)))) })
     }
 
-    /// A tensor that takes ownership of typed elements.
+    /// A tensor that takes ownership of typed elements (no copy).
     pub fn from_vec<T: Elem>(shape: &[usize], values: Vec<T>) -> IrResult<Tensor> {
-        Self::from_slice(shape, &values)
+        let n = element_count(shape).unwrap_or(u128::MAX);
+        if n != values.len() as u128 {
+            return Err(IrError::BadTensor {
+                tensor: String::new(),
+                reason: format!("shape {shape:?} holds {n} elements, got {}", values.len()),
+            });
+        }
+        Ok(Tensor { dtype: T::DTYPE, shape: shape.to_vec(), data: Arc::new(Data::Bytes(Bytes::from_vec(values))) })
     }
 
     /// A tensor copied from typed elements.
@@ -228,7 +272,7 @@ impl Tensor {
     /// The elements as a typed slice; errors when `T` is not the tensor's element type.
     pub fn as_slice<T: Elem>(&self) -> IrResult<&[T]> {
         match (&*self.data, self.dtype == T::DTYPE) {
-            (Data::Bytes(b), true) => Ok(bytemuck::cast_slice(&b.words)[..self.len()].as_ref()),
+            (Data::Bytes(b), true) => Ok(bytemuck::cast_slice(b.as_ref())),
             _ => Err(self.mismatch(T::DTYPE)),
         }
     }
@@ -238,9 +282,8 @@ impl Tensor {
         if self.dtype != T::DTYPE {
             return Err(self.mismatch(T::DTYPE));
         }
-        let n = self.len();
         match Arc::make_mut(&mut self.data) {
-            Data::Bytes(b) => Ok(&mut bytemuck::cast_slice_mut(&mut b.words)[..n]),
+            Data::Bytes(b) => Ok(bytemuck::cast_slice_mut(b.as_mut())),
             Data::Strings(_) => unreachable!("string tensors have no Elem view"),
         }
     }
@@ -265,6 +308,23 @@ impl Tensor {
                 if self.dtype == DType::I4 { ((v << 4) as i8) >> 4 } else { v as i8 }
             })
             .collect())
+    }
+
+    /// Takes the elements out as a typed vector, without a copy when the storage is not shared.
+    pub fn into_vec<T: Elem>(self) -> IrResult<Vec<T>> {
+        if self.dtype != T::DTYPE {
+            return Err(self.mismatch(T::DTYPE));
+        }
+        let data = Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone());
+        match data {
+            Data::Bytes(b) => Ok(match b {
+                Bytes::W1(v) => bytemuck::allocation::cast_vec(v),
+                Bytes::W2(v) => bytemuck::allocation::cast_vec(v),
+                Bytes::W4(v) => bytemuck::allocation::cast_vec(v),
+                Bytes::W8(v) => bytemuck::allocation::cast_vec(v),
+            }),
+            Data::Strings(_) => unreachable!("string tensors have no Elem view"),
+        }
     }
 
     /// Elements converted to f64, for numeric types that have an exact or natural widening

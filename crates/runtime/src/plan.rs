@@ -21,6 +21,14 @@ struct Step {
     free: Vec<usize>,
 }
 
+/// The wall time of one executed node.
+#[derive(Debug, Clone)]
+pub struct StepTime {
+    pub node: String,
+    pub op: String,
+    pub seconds: f64,
+}
+
 /// A graph input as the plan sees it.
 pub(crate) struct PlannedInput {
     pub name: String,
@@ -148,7 +156,12 @@ impl Plan {
 
     /// Runs the plan. `feeds[i]` is graph input `i` (`None`: use its default initializer).
     /// `scope` resolves values of enclosing graphs. `hooks` sees every produced value.
-    pub fn run(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, mut hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<Tensor>> {
+    pub fn run(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<Tensor>> {
+        self.run_profiled(feeds, scope, hooks, None)
+    }
+
+    /// [`Plan::run`], also recording each step's wall time in `profile` when given.
+    pub fn run_profiled(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, mut hooks: Option<&mut dyn Hooks>, mut profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
         let mut table: Vec<Option<Tensor>> = vec![None; self.slots];
         for (slot, t) in &self.constants {
             table[*slot] = Some(t.clone());
@@ -170,6 +183,7 @@ impl Plan {
             table[*slot] = Some(scope(name).ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' reads '{name}' from an enclosing graph, which does not define it", self.graph)))?);
         }
         for step in &self.steps {
+            let started = profile.is_some().then(std::time::Instant::now);
             let outs = {
                 let ins: Vec<Option<&Tensor>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
                 if let Some(missing) = step.inputs.iter().zip(&ins).position(|(s, t)| s.is_some() && t.is_none()) {
@@ -198,6 +212,9 @@ impl Plan {
             }
             for s in &step.free {
                 table[*s] = None;
+            }
+            if let (Some(p), Some(t0)) = (profile.as_deref_mut(), started) {
+                p.push(StepTime { node: step.label.clone(), op: step.op.clone(), seconds: t0.elapsed().as_secs_f64() });
             }
         }
         self.outputs.iter().map(|(name, slot)| {

@@ -3,7 +3,7 @@
 use qforge_ir::{Model, Tensor, ValueType};
 
 use crate::hooks::Hooks;
-use crate::plan::Plan;
+use crate::plan::{Plan, StepTime};
 use crate::{Registry, RuntimeError, RuntimeResult};
 
 /// How a session runs.
@@ -57,15 +57,22 @@ impl Session {
 
     /// Runs the model on named inputs; returns the outputs in graph order.
     pub fn run(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<Vec<(String, Tensor)>> {
-        self.run_inner(inputs, None)
+        self.run_inner(inputs, None, None)
     }
 
     /// [`Session::run`], reporting every produced value to `hooks` (which may replace it).
     pub fn run_with_hooks(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Tensor)>> {
-        self.run_inner(inputs, Some(hooks))
+        self.run_inner(inputs, Some(hooks), None)
     }
 
-    fn run_inner(&self, inputs: Vec<(String, Tensor)>, hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<(String, Tensor)>> {
+    /// [`Session::run`], also returning the wall time of every executed node.
+    pub fn run_profiled(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<(Vec<(String, Tensor)>, Vec<StepTime>)> {
+        let mut times = vec![];
+        let outs = self.run_inner(inputs, None, Some(&mut times))?;
+        Ok((outs, times))
+    }
+
+    fn run_inner(&self, inputs: Vec<(String, Tensor)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Tensor)>> {
         let mut feeds: Vec<Option<Tensor>> = vec![None; self.plan.inputs.len()];
         for (name, t) in inputs {
             let i = self.plan.inputs.iter().position(|p| p.name == name).ok_or_else(|| RuntimeError::Input {
@@ -77,7 +84,7 @@ impl Session {
             }
         }
         let no_scope = |_: &str| None;
-        let outs = self.pool.install(|| self.plan.run(feeds, &no_scope, hooks))?;
+        let outs = self.pool.install(|| self.plan.run_profiled(feeds, &no_scope, hooks, profile))?;
         Ok(self.plan.outputs.iter().map(|o| o.0.clone()).zip(outs).collect())
     }
 }

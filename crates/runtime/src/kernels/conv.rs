@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::{from_f32, to_f32};
-use super::gemm::{sgemm, MatRef};
+use super::gemm::{sgemm, sgemm_strided, MatRef};
 use super::util::{input, kernel, opt_input};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 use qforge_ir::Tensor;
@@ -81,24 +81,26 @@ impl Window {
     }
 }
 
-/// Unfolds one image's channels into columns: `col[(c*kh + i)*kw + j][oy*ow + ox]`.
-fn im2col(x: &[f32], channels: usize, h: Axis, w: Axis, col: &mut [f32]) {
-    let (oh, ow) = (h.output, w.output);
-    let plane = oh * ow;
-    col.par_chunks_mut(h.kernel * w.kernel * plane).enumerate().take(channels).for_each(|(c, block)| {
+/// Unfolds output rows `rows` of one image into columns:
+/// `col[(c*kh + i)*kw + j][(oy - rows.start)*ow + ox]`.
+fn im2col_rows(x: &[f32], channels: usize, h: Axis, w: Axis, rows: std::ops::Range<usize>, col: &mut [f32]) {
+    let ow = w.output;
+    let width = rows.len() * ow;
+    for c in 0..channels {
         let img = &x[c * h.input * w.input..(c + 1) * h.input * w.input];
         for ki in 0..h.kernel {
             for kj in 0..w.kernel {
-                let row = &mut block[(ki * w.kernel + kj) * plane..(ki * w.kernel + kj + 1) * plane];
-                for oy in 0..oh {
+                let r = (c * h.kernel + ki) * w.kernel + kj;
+                let row = &mut col[r * width..(r + 1) * width];
+                let off = (kj * w.dilation) as isize - w.pad_begin as isize;
+                for (t, oy) in rows.clone().enumerate() {
                     let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-                    let dst = &mut row[oy * ow..(oy + 1) * ow];
+                    let dst = &mut row[t * ow..(t + 1) * ow];
                     if iy < 0 || iy >= h.input as isize {
                         dst.fill(0.0);
                         continue;
                     }
                     let src = &img[iy as usize * w.input..(iy as usize + 1) * w.input];
-                    let off = (kj * w.dilation) as isize - w.pad_begin as isize;
                     if w.stride == 1 && off >= 0 && off as usize + ow <= w.input {
                         dst.copy_from_slice(&src[off as usize..off as usize + ow]);
                     } else {
@@ -110,6 +112,44 @@ fn im2col(x: &[f32], channels: usize, h: Axis, w: Axis, col: &mut [f32]) {
                 }
             }
         }
+    }
+}
+
+/// A raw output pointer that tiles of one convolution write to disjointly.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every tile writes a disjoint set of output columns.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: callers stay within the output slice this pointer came from.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// Convolution of one image and group by tiles of output rows: each tile unfolds its own
+/// columns (small enough to stay in cache) and multiplies them by the weights; tiles run in
+/// parallel.
+#[allow(clippy::too_many_arguments)]
+fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [f32]) {
+    let (oh, ow) = (h.output, w.output);
+    let plane = oh * ow;
+    let kdim = cg * h.kernel * w.kernel;
+    // About 256 KiB of columns per tile, at least one output row.
+    let rows_per_tile = ((64 * 1024) / (kdim * ow).max(1)).clamp(1, oh);
+    let tiles: Vec<std::ops::Range<usize>> = (0..oh).step_by(rows_per_tile).map(|r| r..(r + rows_per_tile).min(oh)).collect();
+    let out = OutPtr(dst.as_mut_ptr());
+    let len = dst.len();
+    tiles.into_par_iter().for_each_init(Vec::new, |col: &mut Vec<f32>, rows| {
+        let width = rows.len() * ow;
+        col.resize(kdim * width, 0.0);
+        im2col_rows(src, cg, h, w, rows.clone(), col);
+        // SAFETY: rows are disjoint across tiles, so the column ranges written are disjoint;
+        // the slice covers from this tile's first column to the end of the output.
+        let c = unsafe { std::slice::from_raw_parts_mut(out.at(rows.start * ow), len - rows.start * ow) };
+        sgemm_strided(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), c, plane, false, false);
     });
 }
 
@@ -182,14 +222,15 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
         if depthwise {
             depthwise_conv(img, w, h, wa, dst);
         } else {
-            let mut col = if pointwise { vec![] } else { vec![0f32; kdim * plane] };
             for g in 0..group {
                 let src = &img[g * cg * ih * iw..(g + 1) * cg * ih * iw];
-                let cols: &[f32] = if pointwise { src } else {
-                    im2col(src, cg, h, wa, &mut col);
-                    &col
-                };
-                sgemm(mg, plane, kdim, MatRef::rows(&w[g * mg * kdim..(g + 1) * mg * kdim], kdim), MatRef::rows(cols, plane), &mut dst[g * mg * plane..(g + 1) * mg * plane], false);
+                let wg = &w[g * mg * kdim..(g + 1) * mg * kdim];
+                let out = &mut dst[g * mg * plane..(g + 1) * mg * plane];
+                if pointwise {
+                    sgemm(mg, plane, kdim, MatRef::rows(wg, kdim), MatRef::rows(src, plane), out, false);
+                } else {
+                    conv_tiled(src, cg, h, wa, wg, mg, out);
+                }
             }
         }
         if let Some(bias) = bias {
@@ -200,31 +241,32 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
     Ok((out, shape))
 }
 
-/// One filter per channel: a direct sliding window, channels in parallel.
+/// One filter per channel: a direct sliding window, channels in parallel. Each output row
+/// accumulates all its taps while it is in cache.
 fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
     let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
     let (oh, ow) = (h.output, wa.output);
+    // Valid output-column range per kernel column: input column inside the image.
+    let ranges: Vec<(usize, usize, isize)> = (0..kw).map(|kj| {
+        let dx = (kj * wa.dilation) as isize - wa.pad_begin as isize;
+        let lo = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(wa.stride) };
+        let hi = if (iw as isize) <= dx { 0 } else { ((iw as isize - dx - 1) as usize / wa.stride + 1).min(ow) };
+        (lo, hi.max(lo), dx)
+    }).collect();
     dst.par_chunks_mut(oh * ow).enumerate().for_each(|(ch, out)| {
         let src = &img[ch * ih * iw..(ch + 1) * ih * iw];
         let k = &w[ch * kh * kw..(ch + 1) * kh * kw];
-        out.fill(0.0);
-        for ki in 0..kh {
-            for kj in 0..kw {
-                let wt = k[ki * kw + kj];
-                let dx = (kj * wa.dilation) as isize - wa.pad_begin as isize;
-                // Output columns whose input column lies inside the image.
-                let lo = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(wa.stride) };
-                let hi = if (iw as isize) <= dx { 0 } else { ((iw as isize - dx - 1) as usize / wa.stride + 1).min(ow) };
-                if lo >= hi {
+        for oy in 0..oh {
+            let o = &mut out[oy * ow..(oy + 1) * ow];
+            o.fill(0.0);
+            for ki in 0..kh {
+                let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
+                if iy < 0 || iy >= ih as isize {
                     continue;
                 }
-                for oy in 0..oh {
-                    let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-                    if iy < 0 || iy >= ih as isize {
-                        continue;
-                    }
-                    let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
-                    let o = &mut out[oy * ow..(oy + 1) * ow];
+                let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
+                for (kj, &(lo, hi, dx)) in ranges.iter().enumerate() {
+                    let wt = k[ki * kw + kj];
                     if wa.stride == 1 {
                         let start = (lo as isize + dx) as usize;
                         for (d, s) in o[lo..hi].iter_mut().zip(&row[start..start + (hi - lo)]) {

@@ -121,13 +121,22 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     };
     kernel(move |ins| {
         let x = input(ins, 0)?;
-        if x.dtype() == DType::F32 {
-            let v: Vec<f32> = x.as_slice::<f32>().unwrap().iter().map(|&v| f(v)).collect();
-            return Ok(vec![tensor(x.shape(), v)?]);
-        }
-        let v: Vec<f32> = to_f32(x)?.iter().map(|&v| f(v)).collect();
+        let src = to_f32(x)?;
+        let mut v = vec![0f32; src.len()];
+        map_f32(&src, &mut v, &*f);
         Ok(vec![from_f32(x.dtype(), x.shape(), v)?])
     })
+}
+
+/// `dst[i] = f(src[i])`, in parallel chunks for large tensors.
+fn map_f32(src: &[f32], dst: &mut [f32], f: &(dyn Fn(f32) -> f32 + Send + Sync)) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 14;
+    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
+        for (o, &x) in d.iter_mut().zip(s) {
+            *o = f(x);
+        }
+    });
 }
 
 fn unary_signed(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {

@@ -24,26 +24,35 @@ impl<'a> MatRef<'a> {
 /// Accumulates into `c` when `accumulate`, else overwrites it. Uses the current rayon pool's
 /// threads for large products.
 pub fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
-    assert!(c.len() >= m * n, "output too small");
+    sgemm_strided(m, n, k, a, b, c, n, accumulate, true)
+}
+
+/// [`sgemm`] with an explicit leading dimension `ldc` for `c`, and whether it may use
+/// several threads (callers that already run in parallel pass `false`).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_strided(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool, parallel: bool) {
+    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "output too small");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         if !accumulate {
-            c[..m * n].fill(0.0);
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].fill(0.0);
+            }
         }
         return;
     }
     let last = |v: &MatRef, r: usize, cc: usize| (r - 1) * v.rs + (cc - 1) * v.cs;
     assert!(last(&a, m, k) < a.data.len() && last(&b, k, n) < b.data.len(), "input view out of bounds");
     let threads = rayon::current_num_threads();
-    let par = if threads > 1 && m * n * k >= 64 * 64 * 64 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if parallel && threads > 1 && m * n * k >= 64 * 64 * 64 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     // SAFETY: the asserts above keep every accessed element inside the slices; `c` is
     // exclusively borrowed and does not alias `a` or `b`.
     unsafe {
         gemm::gemm(
             m, n, k,
-            c.as_mut_ptr(), 1, n as isize,
+            c.as_mut_ptr(), 1, ldc as isize,
             accumulate,
             a.data.as_ptr(), a.cs as isize, a.rs as isize,
             b.data.as_ptr(), b.cs as isize, b.rs as isize,

@@ -91,6 +91,33 @@ fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi
     }
 }
 
+/// Nearest-neighbour resize as one gather: `tables[a][o]` is the source index along axis `a`
+/// of output index `o`. Output rows are filled in parallel.
+fn nearest(x: &[f32], s: &[usize], out: &[usize], tables: &[Vec<usize>]) -> Vec<f32> {
+    use rayon::prelude::*;
+    let r = s.len();
+    let (ow, last) = (out[r - 1], &tables[r - 1]);
+    let n: usize = out.iter().product();
+    let mut dst = vec![0f32; n];
+    if n == 0 {
+        return dst;
+    }
+    let ist = super::shape::strides(s);
+    dst.par_chunks_mut(ow).enumerate().for_each(|(row, d)| {
+        let mut rem = row;
+        let mut off = 0;
+        for a in (0..r - 1).rev() {
+            off += tables[a][rem % out[a]] * ist[a];
+            rem /= out[a];
+        }
+        let src = &x[off..off + s[r - 1]];
+        for (o, &i) in d.iter_mut().zip(last) {
+            *o = src[i];
+        }
+    });
+    dst
+}
+
 fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let upsample = info.node.op_type == "Upsample";
     let mode = info.attr_str("mode", "nearest").to_lowercase();
@@ -156,6 +183,10 @@ fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             }
             None => vec![(0.0, 1.0); r],
         };
+        if p.mode == "nearest" && p.coord != "tf_crop_and_resize" {
+            let tables: Vec<Vec<usize>> = (0..r).map(|a| (0..out[a]).map(|o| taps(&p, o, s[a], out[a], scales[a], roi[a])[0].0).collect()).collect();
+            return Ok(vec![from_f32(x.dtype(), &out, nearest(&to_f32(x)?, &s, &out, &tables))?]);
+        }
         let mut data = to_f32(x)?.into_owned();
         let mut shape = s.clone();
         for a in 0..r {

@@ -118,48 +118,100 @@ fn coalesce(out: &[usize], strides: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize
     (dims, st)
 }
 
-/// Visits the output in row-major order in contiguous runs along the last (coalesced)
-/// dimension: `f(out_offset, input_offsets, run_length, input_inner_strides)`.
-fn for_each_run<const N: usize>(out: &[usize], shapes: [&[usize]; N], mut f: impl FnMut(usize, [usize; N], usize, [usize; N])) {
-    let strides: Vec<Vec<usize>> = shapes.iter().map(|s| broadcast_strides(s, out)).collect();
-    let (dims, st) = coalesce(out, &strides);
-    let last = dims.len() - 1;
-    let inner = dims[last];
-    let inner_st: [usize; N] = std::array::from_fn(|k| st[k][last]);
-    let outer: usize = dims[..last].iter().product();
-    let mut idx = vec![0usize; last];
-    let mut offs = [0usize; N];
-    for o in 0..outer {
-        f(o * inner, offs, inner, inner_st);
+/// The broadcast iteration space of an output: coalesced dimensions and per-input strides.
+struct Runs<const N: usize> {
+    dims: Vec<usize>,
+    strides: Vec<Vec<usize>>,
+}
+
+impl<const N: usize> Runs<N> {
+    fn new(out: &[usize], shapes: [&[usize]; N]) -> Self {
+        let strides: Vec<Vec<usize>> = shapes.iter().map(|s| broadcast_strides(s, out)).collect();
+        let (dims, strides) = coalesce(out, &strides);
+        Runs { dims, strides }
+    }
+    fn inner(&self) -> usize {
+        *self.dims.last().unwrap()
+    }
+    fn outer(&self) -> usize {
+        self.dims[..self.dims.len() - 1].iter().product()
+    }
+    /// Visits outer indices `range` as contiguous runs along the last dimension:
+    /// `f(run index, input offsets, run length, input inner strides)`.
+    fn visit(&self, range: std::ops::Range<usize>, mut f: impl FnMut(usize, [usize; N], usize, [usize; N])) {
+        let last = self.dims.len() - 1;
+        let inner = self.dims[last];
+        let inner_st: [usize; N] = std::array::from_fn(|k| self.strides[k][last]);
+        // Odometer state at range.start.
+        let mut idx = vec![0usize; last];
+        let mut rem = range.start;
         for d in (0..last).rev() {
-            idx[d] += 1;
-            for k in 0..N {
-                offs[k] += st[k][d];
+            idx[d] = rem % self.dims[d];
+            rem /= self.dims[d];
+        }
+        let mut offs: [usize; N] = std::array::from_fn(|k| (0..last).map(|d| idx[d] * self.strides[k][d]).sum());
+        for o in range {
+            f(o, offs, inner, inner_st);
+            for d in (0..last).rev() {
+                idx[d] += 1;
+                for k in 0..N {
+                    offs[k] += self.strides[k][d];
+                }
+                if idx[d] < self.dims[d] {
+                    break;
+                }
+                for k in 0..N {
+                    offs[k] -= self.strides[k][d] * self.dims[d];
+                }
+                idx[d] = 0;
             }
-            if idx[d] < dims[d] {
-                break;
-            }
-            for k in 0..N {
-                offs[k] -= st[k][d] * dims[d];
-            }
-            idx[d] = 0;
         }
     }
 }
 
-/// `f` applied elementwise with numpy broadcasting.
-pub fn binary<A: Copy, B: Copy, O: Copy + Default>(a: &[A], ashape: &[usize], b: &[B], bshape: &[usize], f: impl Fn(A, B) -> O) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
+/// Elements per parallel chunk of elementwise work.
+const CHUNK: usize = 1 << 15;
+
+/// Fills `out` (row-major over the broadcast shape) run by run: `f(dst, input offsets,
+/// input strides)`. Large outputs are split across the thread pool, by groups of runs or,
+/// for long runs, within each run.
+fn fill_runs<const N: usize, O: Send>(runs: &Runs<N>, out: &mut [O], f: impl Fn(&mut [O], [usize; N], [usize; N]) + Sync) {
+    use rayon::prelude::*;
+    let inner = runs.inner();
+    let outer = runs.outer();
+    if outer * inner < 2 * CHUNK || rayon::current_num_threads() == 1 {
+        runs.visit(0..outer, |o, offs, len, st| f(&mut out[o * inner..o * inner + len], offs, st));
+    } else if inner >= CHUNK {
+        runs.visit(0..outer, |o, offs, _, st| {
+            out[o * inner..(o + 1) * inner].par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+                let shifted: [usize; N] = std::array::from_fn(|k| offs[k] + c * CHUNK * st[k]);
+                f(dst, shifted, st)
+            })
+        });
+    } else {
+        let per_chunk = CHUNK / inner;
+        out.par_chunks_mut(per_chunk * inner).enumerate().for_each(|(c, chunk)| {
+            let start = c * per_chunk;
+            let end = (start + per_chunk).min(outer);
+            runs.visit(start..end, |o, offs, len, st| {
+                let at = (o - start) * inner;
+                f(&mut chunk[at..at + len], offs, st)
+            });
+        });
+    }
+}
+
+/// `f` applied elementwise with numpy broadcasting (in parallel for large outputs).
+pub fn binary<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(a: &[A], ashape: &[usize], b: &[B], bshape: &[usize], f: impl Fn(A, B) -> O + Sync) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
     let shape = broadcast_shape(ashape, bshape)?;
     let n: usize = shape.iter().product();
-    if ashape == bshape {
-        return Ok((a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect(), shape));
-    }
     let mut out = vec![O::default(); n];
     if n == 0 {
         return Ok((out, shape));
     }
-    for_each_run(&shape, [ashape, bshape], |o, [ia, ib], len, [sa, sb]| {
-        let dst = &mut out[o..o + len];
+    let runs = Runs::new(&shape, [ashape, bshape]);
+    fill_runs(&runs, &mut out, |dst, [ia, ib], [sa, sb]| {
+        let len = dst.len();
         match (sa, sb) {
             (1, 1) => dst.iter_mut().zip(&a[ia..ia + len]).zip(&b[ib..ib + len]).for_each(|((d, &x), &y)| *d = f(x, y)),
             (1, 0) => { let y = b[ib]; dst.iter_mut().zip(&a[ia..ia + len]).for_each(|(d, &x)| *d = f(x, y)) }
@@ -180,8 +232,10 @@ pub fn ternary<A: Copy, B: Copy, C: Copy, O: Copy + Default>(
     if n == 0 {
         return Ok((out, shape));
     }
-    for_each_run(&shape, [a.1, b.1, c.1], |o, [ia, ib, ic], len, [sa, sb, sc]| {
-        for (i, d) in out[o..o + len].iter_mut().enumerate() {
+    let runs = Runs::new(&shape, [a.1, b.1, c.1]);
+    let inner = runs.inner();
+    runs.visit(0..runs.outer(), |o, [ia, ib, ic], len, [sa, sb, sc]| {
+        for (i, d) in out[o * inner..o * inner + len].iter_mut().enumerate() {
             *d = f(a.0[ia + i * sa], b.0[ib + i * sb], c.0[ic + i * sc]);
         }
     });
@@ -195,11 +249,14 @@ pub fn broadcast_to<T: Copy + Default>(src: &[T], shape: &[usize], out: &[usize]
     if n == 0 {
         return dst;
     }
-    for_each_run(out, [shape], |o, [i], len, [s]| {
+    let runs = Runs::new(out, [shape]);
+    let inner = runs.inner();
+    runs.visit(0..runs.outer(), |o, [i], len, [s]| {
+        let d = &mut dst[o * inner..o * inner + len];
         if s == 1 {
-            dst[o..o + len].copy_from_slice(&src[i..i + len]);
+            d.copy_from_slice(&src[i..i + len]);
         } else {
-            dst[o..o + len].fill(src[i]);
+            d.fill(src[i]);
         }
     });
     dst

@@ -1,0 +1,152 @@
+//! `qforge run` and `qforge bench`: execute a model with the qforge runtime.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use qforge_ir::{DType, Dim, Model, Tensor};
+use qforge_runtime::{Session, SessionOptions};
+use serde_json::json;
+
+fn load(path: &Path) -> Result<Model> {
+    qforge_onnx::load(path).with_context(|| format!("cannot load {}", path.display()))
+}
+
+fn split_arg<'a>(arg: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
+    arg.split_once('=').with_context(|| format!("{flag} '{arg}' must be NAME=VALUE"))
+}
+
+/// Reads `NAME=FILE.npy` arguments.
+fn read_inputs(args: &[String]) -> Result<Vec<(String, Tensor)>> {
+    args.iter()
+        .map(|a| {
+            let (name, file) = split_arg(a, "--input")?;
+            let t = qforge_data::read_npy(Path::new(file)).with_context(|| format!("input '{name}'"))?;
+            Ok((name.to_string(), t))
+        })
+        .collect()
+}
+
+/// Seeded uniform [0, 1) floats, or zeros for other types, for inputs the user did not give.
+fn random_input(model: &Model, name: &str, shape_args: &[String], seed: u64) -> Result<Tensor> {
+    let g = &model.graph;
+    let v = g.value(g.value_by_name(name).context("input vanished")?)?;
+    let given = shape_args.iter().find_map(|a| split_arg(a, "--shape").ok().filter(|(n, _)| *n == name).map(|(_, d)| d));
+    let shape: Vec<usize> = match given {
+        Some(dims) => dims.split(',').map(|d| d.trim().parse::<usize>().with_context(|| format!("--shape {name}: bad dimension '{d}'"))).collect::<Result<_>>()?,
+        None => {
+            let dims = v.ty.as_ref().and_then(|t| t.shape()).with_context(|| format!("input '{name}' has unknown rank; give --shape {name}=D0,D1,..."))?;
+            dims.iter().enumerate().map(|(i, d)| match d {
+                Dim::Known(k) if *k >= 0 => Ok(*k as usize),
+                _ if i == 0 => Ok(1),
+                _ => bail!("input '{name}' has dynamic dimension {i} ({d}); give --shape {name}=D0,D1,..."),
+            }).collect::<Result<_>>()?
+        }
+    };
+    let dtype = v.ty.as_ref().and_then(|t| t.elem()).unwrap_or(DType::F32);
+    let n: usize = shape.iter().product();
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 40) as f32) / (1u64 << 24) as f32
+    };
+    Ok(match dtype {
+        DType::F32 => Tensor::from_vec(&shape, (0..n).map(|_| next()).collect::<Vec<f32>>())?,
+        other => Tensor::zeros(other, &shape)?,
+    })
+}
+
+fn session(model: &Model, threads: usize) -> Result<Session> {
+    Ok(Session::with_options(model, SessionOptions { threads, ..Default::default() })?)
+}
+
+/// `qforge run`: runs once and writes every output to an .npz file.
+pub fn run(model_path: &Path, inputs: &[String], output: &Path, threads: usize) -> Result<()> {
+    let model = load(model_path)?;
+    let s = session(&model, threads)?;
+    let outputs = s.run(read_inputs(inputs)?).with_context(|| format!("running {}", model_path.display()))?;
+    qforge_data::write_npz(output, &outputs)?;
+    for (name, t) in &outputs {
+        eprintln!("{name}: {} {:?}", t.dtype(), t.shape());
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[idx]
+}
+
+/// How `qforge bench` runs.
+pub struct BenchOptions {
+    pub threads: usize,
+    pub runs: usize,
+    pub warmup: usize,
+    pub profile: bool,
+    pub json: bool,
+}
+
+/// `qforge bench`: median latency over `runs` timed runs after `warmup` untimed ones.
+pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOptions) -> Result<()> {
+    let BenchOptions { threads, runs, warmup, json, .. } = o;
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let model = load(model_path)?;
+    let s = session(&model, threads)?;
+    let mut feed = read_inputs(inputs)?;
+    let names: Vec<String> = model.graph.real_inputs().map(|v| model.graph.value_name(v)).collect();
+    for (i, name) in names.iter().enumerate() {
+        if !feed.iter().any(|(n, _)| n == name) {
+            feed.push((name.clone(), random_input(&model, name, shapes, i as u64)?));
+        }
+    }
+    for _ in 0..warmup {
+        s.run(feed.clone())?;
+    }
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        s.run(feed.clone())?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let mut by_op: Vec<(String, f64)> = vec![];
+    if o.profile {
+        let (_, steps) = s.run_profiled(feed.clone())?;
+        for st in steps {
+            match by_op.iter_mut().find(|(op, _)| *op == st.op) {
+                Some(e) => e.1 += st.seconds * 1e3,
+                None => by_op.push((st.op, st.seconds * 1e3)),
+            }
+        }
+        by_op.sort_by(|a, b| b.1.total_cmp(&a.1));
+    }
+    let median = percentile(&times, 0.5);
+    let report = json!({
+        "model": model_path.display().to_string(),
+        "threads": if threads == 0 { rayon_threads() } else { threads },
+        "runs": runs,
+        "median_ms": median,
+        "mean_ms": times.iter().sum::<f64>() / runs as f64,
+        "min_ms": times[0],
+        "p10_ms": percentile(&times, 0.1),
+        "p90_ms": percentile(&times, 0.9),
+        "inputs": feed.iter().map(|(n, t)| json!({"name": n, "dtype": t.dtype().onnx_name(), "shape": t.shape()})).collect::<Vec<_>>(),
+        "profile_ms_by_op": by_op.iter().map(|(op, ms)| json!({"op": op, "ms": ms})).collect::<Vec<_>>(),
+    });
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}: median {median:.3} ms (p10 {:.3}, p90 {:.3}, {runs} runs, {} threads)",
+            model_path.display(), report["p10_ms"].as_f64().unwrap(), report["p90_ms"].as_f64().unwrap(), report["threads"]);
+        for (op, ms) in &by_op {
+            println!("  {op:<24} {ms:>9.3} ms");
+        }
+    }
+    Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
