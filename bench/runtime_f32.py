@@ -1,0 +1,92 @@
+"""qforge's f32 runtime against ONNX Runtime (CPU EP, all optimizations) on the real models,
+1 and 2 threads, in one run.
+
+    .cache/venv/bin/python bench/runtime_f32.py --qforge target/release/qforge [--rounds 3] [--runs 10]
+
+Rounds interleave the two engines and thread counts; the table shows, per model and thread
+count, the median over rounds of each round's median latency, and qforge / ORT.
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("QFORGE_CACHE", os.path.join(ROOT, ".cache"))
+# The shapes the bench harness in ../shared/bench times (one representative input each).
+MODELS = {
+    "ocr_det": {"x": (1, 3, 736, 928)},
+    "ocr_rec": {"x": (1, 3, 48, 320)},
+    "ocr_cls": {"x": (1, 3, 48, 192)},
+    "orientation": {"x": (1, 3, 224, 224)},
+    "silero_vad_16k_op15": {"input": (1, 576), "state": (2, 1, 128), "sr": 16000},
+}
+
+
+def inputs_for(spec):
+    rng = np.random.default_rng(0)
+    feed = {}
+    for name, s in spec.items():
+        feed[name] = np.array(s, dtype=np.int64) if isinstance(s, int) else rng.random(s, dtype=np.float32)
+    return feed
+
+
+def ort_median(path, feed, threads, runs):
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = threads
+    o.inter_op_num_threads = 1
+    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    s = ort.InferenceSession(path, o, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        s.run(None, feed)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        s.run(None, feed)
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+def qforge_median(tool, path, files, threads, runs):
+    cmd = [tool, "bench", path, "--threads", str(threads), "--runs", str(runs), "--warmup", "3", "--json"]
+    for name, f in files.items():
+        cmd += ["--input", f"{name}={f}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["median_ms"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--qforge", required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--models", default=",".join(MODELS))
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            path = os.path.join(CACHE, "models", f"{name}.onnx")
+            feed = inputs_for(MODELS[name])
+            files = {}
+            for k, v in feed.items():
+                files[k] = os.path.join(tmp, f"{name}_{k}.npy")
+                np.save(files[k], v)
+            for threads in (1, 2):
+                q, o = [], []
+                for _ in range(args.rounds):
+                    q.append(qforge_median(args.qforge, path, files, threads, args.runs))
+                    o.append(ort_median(path, feed, threads, args.runs))
+                rows.append((name, threads, float(np.median(q)), float(np.median(o))))
+    print(f"{'model':<22} {'threads':>7} {'qforge ms':>10} {'ORT ms':>9} {'ratio':>7}")
+    for name, t, q, o in rows:
+        print(f"{name:<22} {t:>7} {q:>10.2f} {o:>9.2f} {q / o:>7.2f}")
+    print(json.dumps([{"model": n, "threads": t, "qforge_ms": q, "ort_ms": o, "ratio": q / o} for n, t, q, o in rows]))
+
+
+if __name__ == "__main__":
+    main()
