@@ -157,15 +157,21 @@ impl Loader<'_> {
         g.metadata_props = props(&gp.metadata_props);
         let path = self.path.clone();
         let dup = |name: &str| OnnxError::Invalid { path: path.clone(), what: format!("graph '{gname}': value '{name}' is defined more than once") };
-        for vi in &gp.input {
+        for (i, vi) in gp.input.iter().enumerate() {
             let name = vi.name.clone().unwrap_or_default();
+            if name.is_empty() {
+                return Err(self.invalid(format!("graph '{gname}': input #{i} has no name")));
+            }
             let id = g.add_input(name.clone(), vi.r#type.as_ref().and_then(types::from_proto)).map_err(|_| dup(&name))?;
             let v = g.value_mut(id).map_err(|e| self.ir(e))?;
             v.doc_string = vi.doc_string.clone().unwrap_or_default();
             v.metadata_props = props(&vi.metadata_props);
         }
-        for tp in &gp.initializer {
+        for (i, tp) in gp.initializer.iter().enumerate() {
             let name = tp.name.clone().unwrap_or_default();
+            if name.is_empty() {
+                return Err(self.invalid(format!("graph '{gname}': initializer #{i} has no name")));
+            }
             let t = tensor_from_proto(tp, &mut self.src)?;
             self.add_constant(&mut g, &name, t, tp.doc_string.clone())?;
         }
@@ -218,8 +224,11 @@ impl Loader<'_> {
             })?;
         }
         let mut outputs = vec![];
-        for vi in &gp.output {
+        for (i, vi) in gp.output.iter().enumerate() {
             let name = vi.name.clone().unwrap_or_default();
+            if name.is_empty() {
+                return Err(self.invalid(format!("graph '{gname}': output #{i} has no name")));
+            }
             let id = self.resolve(&mut g, &name, scope, "the graph outputs")?;
             let v = g.value_mut(id).map_err(|e| self.ir(e))?;
             if let Some(t) = vi.r#type.as_ref().and_then(types::from_proto) {

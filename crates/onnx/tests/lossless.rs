@@ -135,3 +135,20 @@ fn subgraph_reads_of_outer_values_are_captures() {
     let captured: Vec<String> = if_node.captures().iter().map(|v| g.value_name(*v)).collect();
     assert_eq!(captured, vec!["w".to_string(), "x".to_string()]);
 }
+
+/// Inputs the loader fuzzer found; each must load to a model that survives a round trip, or
+/// fail to load.
+#[test]
+fn fuzzer_findings_round_trip() {
+    let cases: &[&[u8]] = &[
+        &[8, 30, 58, 59, 10, 12, 248, 1, 120, 18, 1, 121, 34, 4, 82, 101, 108, 117, 18, 1, 103, 90, 19, 42, 1, 120, 82, 14, 10, 12, 8, 1, 18, 8, 10, 67, 8, 1, 10, 2, 8, 2, 90, 19, 10, 1, 46, 10, 10, 12, 14, 8, 1, 18, 8, 10, 2, 8, 1, 10, 2, 8, 2, 66, 2, 16, 28],
+    ];
+    for bytes in cases {
+        let Ok(model) = qforge_onnx::load_bytes(bytes, None) else { continue };
+        if model.graph.check().is_err() {
+            continue;
+        }
+        let again = qforge_onnx::load_bytes(&qforge_onnx::to_bytes(&model).unwrap(), None).unwrap();
+        assert_eq!(again, model);
+    }
+}
