@@ -10,12 +10,14 @@
 //! * [`Graph::check`]: structural consistency (dangling values, cycles, duplicate names,
 //!   declared types versus constant data).
 //! * [`Model`]: a graph plus the model-level metadata of an ONNX file.
+//! * [`infer`]: shape and type inference with symbolic dimensions.
 
 mod attr;
 mod check;
 mod dtype;
 mod error;
 mod graph;
+pub mod infer;
 mod model;
 mod patch;
 mod scope;

@@ -1,0 +1,211 @@
+//! Shape and type inference with symbolic dimensions.
+//!
+//! [`infer_graph`] walks a graph in topological order and computes each node output's element
+//! type and shape from its inputs, attributes and constant inputs. Besides shapes it tracks
+//! the *values* of small integer tensors symbolically (`Shape` -> `Gather` -> `Concat` ->
+//! `Reshape` chains, as PyTorch and Paddle exports compute shapes), so data-dependent shapes
+//! resolve where ONNX's own inference stops. Dimensions are `Known`, a named `Sym` (kept
+//! through ops that pass it on unchanged), or `Unknown` (a symbol that arithmetic changed).
+//! Unknown ops produce unknown types and are listed in the report; nothing fails.
+//!
+//! Declared types are merged, never lost: an inferred dimension fills an unknown declared one,
+//! and a contradiction is reported with the node, not applied.
+
+mod rules;
+
+use std::collections::HashMap;
+
+use crate::{Dim, Graph, Model, NodeId, OpsetImport, Shape, Tensor, ValueId, ValueKind, ValueType};
+
+/// What inference did and where it stopped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InferReport {
+    /// Node outputs whose type was filled in or refined.
+    pub inferred: usize,
+    /// Ops with no inference rule: (node name, op type).
+    pub unknown_ops: Vec<(String, String)>,
+    /// Declared types that contradict inference: (value, declared, inferred).
+    pub conflicts: Vec<(String, String, String)>,
+}
+
+/// A value as inference sees it: its type and, for small integer tensors, its elements.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Known {
+    pub ty: Option<ValueType>,
+    /// Elements of a rank-0 or rank-1 integer tensor, as dimensions (for shape arithmetic).
+    pub value: Option<Vec<Dim>>,
+    /// Full constant data, when the value is a constant.
+    pub constant: Option<Tensor>,
+}
+
+/// Infers types in a model's main graph (and its subgraphs).
+pub fn infer_model(model: &mut Model) -> InferReport {
+    let opsets = model.opset_imports.clone();
+    infer_graph(&mut model.graph, &opsets)
+}
+
+/// Infers types in a graph and its subgraphs; see the module docs.
+pub fn infer_graph(g: &mut Graph, opsets: &[OpsetImport]) -> InferReport {
+    let mut report = InferReport::default();
+    infer_scoped(g, opsets, &HashMap::new(), &mut report);
+    report
+}
+
+fn opset(opsets: &[OpsetImport], domain: &str) -> i64 {
+    let norm = |d: &str| if d == "ai.onnx" { String::new() } else { d.to_string() };
+    opsets.iter().find(|o| norm(&o.domain) == norm(domain)).map(|o| o.version).unwrap_or(21)
+}
+
+fn infer_scoped(g: &mut Graph, opsets: &[OpsetImport], outer: &HashMap<String, Known>, report: &mut InferReport) {
+    let Ok(order) = g.topo_order() else { return };
+    let mut known: HashMap<ValueId, Known> = HashMap::new();
+    for (id, v) in g.values() {
+        let mut k = Known { ty: v.ty.clone(), ..Default::default() };
+        if v.kind() == ValueKind::Outer {
+            k = outer.get(&v.name).cloned().unwrap_or_default();
+        }
+        if let (Some(t), ValueKind::Initializer) = (v.initializer(), v.kind()) {
+            k.value = rules::int_dims(t);
+            k.constant = Some(t.clone());
+        }
+        known.insert(id, k);
+    }
+    for id in order {
+        let node = g.node(id).expect("topological order lists live nodes").clone();
+        let ins: Vec<Known> = node.inputs.iter().map(|v| v.and_then(|v| known.get(&v).cloned()).unwrap_or_default()).collect();
+        let op_version = opset(opsets, &node.domain);
+        let outs = match rules::infer(&node, &ins, op_version) {
+            Some(o) => o,
+            None => {
+                report.unknown_ops.push((node.display_name(id), node.qualified_op()));
+                vec![Known::default(); node.outputs.len()]
+            }
+        };
+        // Subgraphs see this graph's types by name.
+        if node.subgraphs().next().is_some() {
+            let scope: HashMap<String, Known> = outer.clone().into_iter()
+                .chain(g.values().map(|(vid, v)| (v.name.clone(), known.get(&vid).cloned().unwrap_or_default())))
+                .collect();
+            infer_subgraphs(g, id, opsets, &scope, report);
+        }
+        for (v, k) in node.outputs.iter().zip(outs) {
+            let Some(v) = v else { continue };
+            let merged = merge(g, *v, k.ty.clone(), &node.display_name(id), report);
+            known.insert(*v, Known { ty: merged, value: k.value, constant: k.constant });
+        }
+    }
+}
+
+fn infer_subgraphs(g: &mut Graph, id: NodeId, opsets: &[OpsetImport], scope: &HashMap<String, Known>, report: &mut InferReport) {
+    if let Ok(attrs) = g.node_attrs_mut(id) {
+        for a in attrs.iter_mut() {
+            for sub in a.value.graphs_mut() {
+                infer_scoped(sub, opsets, scope, report);
+            }
+        }
+    }
+}
+
+/// Merges an inferred type into a value's declared one and returns the result.
+fn merge(g: &mut Graph, v: ValueId, inferred: Option<ValueType>, node: &str, report: &mut InferReport) -> Option<ValueType> {
+    let value = g.value_mut(v).ok()?;
+    let Some(inferred) = inferred else { return value.ty.clone() };
+    let merged = match &value.ty {
+        None => Some(inferred.clone()),
+        Some(declared) => match merge_types(declared, &inferred) {
+            Some(m) => Some(m),
+            None => {
+                report.conflicts.push((value.name.clone(), declared.to_string(), format!("{inferred} (at node '{node}')")));
+                return value.ty.clone();
+            }
+        },
+    };
+    if merged != value.ty {
+        report.inferred += 1;
+        value.ty = merged.clone();
+    }
+    merged
+}
+
+/// The more specific of two compatible types; `None` when they contradict.
+fn merge_types(a: &ValueType, b: &ValueType) -> Option<ValueType> {
+    match (a, b) {
+        (ValueType::Tensor { elem: ea, shape: sa }, ValueType::Tensor { elem: eb, shape: sb }) => {
+            let elem = match (ea, eb) {
+                (Some(x), Some(y)) if x != y => return None,
+                (Some(x), _) | (None, Some(x)) => Some(*x),
+                _ => None,
+            };
+            let shape = match (sa, sb) {
+                (Some(x), Some(y)) if x.len() != y.len() => return None,
+                (Some(x), Some(y)) => Some(x.iter().zip(y).map(|(p, q)| merge_dim(p, q)).collect::<Option<Shape>>()?),
+                (Some(x), None) | (None, Some(x)) => Some(x.clone()),
+                _ => None,
+            };
+            Some(ValueType::Tensor { elem, shape })
+        }
+        _ => Some(a.clone()),
+    }
+}
+
+fn merge_dim(a: &Dim, b: &Dim) -> Option<Dim> {
+    match (a, b) {
+        (Dim::Known(x), Dim::Known(y)) if x != y && *x >= 0 && *y >= 0 => None,
+        (Dim::Known(x), _) if *x >= 0 => Some(Dim::Known(*x)),
+        (_, Dim::Known(y)) if *y >= 0 => Some(Dim::Known(*y)),
+        (Dim::Sym(s), _) | (_, Dim::Sym(s)) => Some(Dim::Sym(s.clone())),
+        _ => Some(a.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Node, Tensor};
+
+    fn op(g: &mut Graph, op: &str, inputs: &[ValueId]) -> ValueId {
+        let name = g.unique_name(&op.to_lowercase());
+        let out = g.new_value(name.clone(), None).unwrap();
+        g.add_node(Node::new(op, name).with_inputs(inputs.iter().copied()).with_outputs([out])).unwrap();
+        out
+    }
+
+    #[test]
+    fn symbolic_shape_chain_resolves_reshape() {
+        // x: [N, 3, 4]; y = Reshape(x, Concat(Gather(Shape(x), 0), [12])) -> [N, 12].
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Known(3), Dim::Known(4)]))).unwrap();
+        let zero = g.add_initializer("zero", Tensor::from_vec(&[1], vec![0i64]).unwrap()).unwrap();
+        let twelve = g.add_initializer("twelve", Tensor::from_vec(&[1], vec![12i64]).unwrap()).unwrap();
+        let s = op(&mut g, "Shape", &[x]);
+        let n = op(&mut g, "Gather", &[s, zero]);
+        let name = g.unique_name("concat");
+        let target = g.new_value(name.clone(), None).unwrap();
+        g.add_node(Node::new("Concat", name).with_inputs([n, twelve]).with_outputs([target]).with_attr("axis", crate::Attr::Int(0))).unwrap();
+        let y = op(&mut g, "Reshape", &[x, target]);
+        let b = g.add_input("b", Some(ValueType::tensor_of(DType::F32, &[12]))).unwrap();
+        let z = op(&mut g, "Add", &[y, b]);
+        g.set_outputs(vec![z]).unwrap();
+        let report = infer_graph(&mut g, &[OpsetImport { domain: String::new(), version: 17 }]);
+        assert!(report.unknown_ops.is_empty() && report.conflicts.is_empty(), "{report:?}");
+        let want = ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Known(12)]);
+        assert_eq!(g.value(y).unwrap().ty, Some(want.clone()));
+        assert_eq!(g.value(z).unwrap().ty, Some(want));
+    }
+
+    #[test]
+    fn contradictions_are_reported_not_applied() {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[2, 3]))).unwrap();
+        let y = op(&mut g, "Relu", &[x]);
+        g.value_mut(y).unwrap().ty = Some(ValueType::tensor_of(DType::F32, &[5]));
+        g.set_outputs(vec![y]).unwrap();
+        let report = infer_graph(&mut g, &[]);
+        assert_eq!(report.conflicts.len(), 1);
+        assert_eq!(g.value(y).unwrap().ty, Some(ValueType::tensor_of(DType::F32, &[5])));
+        let u = op(&mut g, "NoSuchOp", &[x]);
+        let report = infer_graph(&mut g, &[]);
+        assert_eq!(report.unknown_ops.len(), 1);
+        assert!(g.value(u).unwrap().ty.is_none());
+    }
+}

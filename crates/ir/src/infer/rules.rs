@@ -1,0 +1,519 @@
+//! Inference rules, one per op type (see [`infer`]).
+
+use super::Known;
+use crate::{Attr, DType, Dim, Node, Shape, Tensor, ValueType};
+
+fn ty(elem: Option<DType>, shape: Option<Shape>) -> Option<ValueType> {
+    Some(ValueType::Tensor { elem, shape })
+}
+
+fn elem(k: &Known) -> Option<DType> {
+    k.ty.as_ref().and_then(|t| t.elem())
+}
+
+fn shape(k: &Known) -> Option<Shape> {
+    k.ty.as_ref().and_then(|t| t.shape()).cloned()
+}
+
+fn out(t: Option<ValueType>) -> Known {
+    Known { ty: t, ..Default::default() }
+}
+
+/// The elements of a small rank-0/1 integer tensor as dimensions.
+pub(crate) fn int_dims(t: &Tensor) -> Option<Vec<Dim>> {
+    if t.rank() > 1 || t.len() > 64 || !matches!(t.dtype(), DType::I64 | DType::I32) {
+        return None;
+    }
+    Some(t.to_i64_vec().ok()?.into_iter().map(Dim::Known).collect())
+}
+
+/// A fully known integer vector.
+fn ints(k: &Known) -> Option<Vec<i64>> {
+    k.value.as_ref()?.iter().map(|d| d.known()).collect()
+}
+
+fn norm_axis(a: i64, rank: usize) -> Option<usize> {
+    let r = rank as i64;
+    let a = if a < 0 { a + r } else { a };
+    (0..r.max(1)).contains(&a).then_some(a as usize)
+}
+
+/// Numpy broadcast of symbolic shapes.
+fn broadcast(shapes: &[Shape]) -> Shape {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    (0..rank).map(|i| {
+        let mut d = Dim::Known(1);
+        for s in shapes {
+            let Some(x) = (i + s.len()).checked_sub(rank).map(|j| &s[j]) else { continue };
+            d = match (&d, x) {
+                (Dim::Known(1), x) => x.clone(),
+                (_, Dim::Known(1)) => d.clone(),
+                (Dim::Known(a), Dim::Known(b)) if a == b => d.clone(),
+                (Dim::Known(_), Dim::Known(_)) => Dim::Unknown,
+                (Dim::Known(_), _) => d.clone(),
+                (_, Dim::Known(_)) => x.clone(),
+                (Dim::Sym(a), Dim::Sym(b)) if a == b => d.clone(),
+                _ => Dim::Unknown,
+            };
+        }
+        d
+    }).collect()
+}
+
+fn attr_ints(n: &Node, name: &str) -> Option<Vec<i64>> {
+    n.attr_ints(name).map(|v| v.to_vec())
+}
+
+/// Output size of a sliding window along one axis, when the input size is known.
+fn window(n: Dim, k: i64, s: i64, d: i64, pb: i64, pe: i64, auto: &str, ceil: bool) -> Dim {
+    let Dim::Known(n) = n else { return Dim::Unknown };
+    let span = (k - 1) * d + 1;
+    match auto {
+        "SAME_UPPER" | "SAME_LOWER" => Dim::Known((n + s - 1) / s),
+        "VALID" => Dim::Known((n - span) / s + 1),
+        _ => {
+            let p = n + pb + pe - span;
+            if p < 0 { return Dim::Unknown; }
+            let mut o = if ceil { (p + s - 1) / s + 1 } else { p / s + 1 };
+            if ceil && (o - 1) * s >= n + pb { o -= 1; }
+            Dim::Known(o)
+        }
+    }
+}
+
+fn windowed(node: &Node, x: &Shape, kernel: &[i64]) -> Shape {
+    let r = kernel.len();
+    let get = |name: &str, i: usize, d: i64| node.attr_ints(name).and_then(|v| v.get(i).copied()).unwrap_or(d);
+    let auto = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    let ceil = node.attr_int("ceil_mode").unwrap_or(0) != 0;
+    (0..r).map(|i| window(x[2 + i].clone(), kernel[i], get("strides", i, 1), get("dilations", i, 1), get("pads", i, 0), get("pads", i + r, 0), auto, ceil)).collect()
+}
+
+/// Output types (and small integer values) of a node, or `None` for an op without a rule.
+pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
+    let x = ins.first().cloned().unwrap_or_default();
+    let same = || vec![out(x.ty.clone())];
+    if !(node.domain.is_empty() || node.domain == "ai.onnx" || node.domain == "com.microsoft") {
+        return None;
+    }
+    Some(match node.op_type.as_str() {
+        "Relu" | "Sigmoid" | "Tanh" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Floor" | "Ceil"
+        | "Round" | "Sin" | "Cos" | "Softplus" | "Softsign" | "HardSigmoid" | "HardSwish" | "LeakyRelu" | "Elu" | "Selu"
+        | "Celu" | "Gelu" | "Mish" | "Sign" | "Clip" | "Softmax" | "LogSoftmax" | "Hardmax" | "LRN" | "CumSum"
+        | "InstanceNormalization" | "Not" | "PRelu" | "ThresholdedRelu" => same(),
+        "Identity" => vec![x.clone()],
+        "Dropout" => vec![out(x.ty.clone()), out(ty(Some(DType::Bool), shape(&x)))],
+        "BatchNormalization" => same(),
+        "LayerNormalization" => {
+            let s = shape(&x);
+            let a = node.attr_int("axis").unwrap_or(-1);
+            let stat = s.as_ref().and_then(|s| norm_axis(a, s.len()).map(|ax| s.iter().enumerate().map(|(i, d)| if i < ax { d.clone() } else { Dim::Known(1) }).collect()));
+            vec![out(x.ty.clone()), out(ty(Some(DType::F32), stat.clone())), out(ty(Some(DType::F32), stat))]
+        }
+        "Cast" => {
+            let to = node.attr_int("to").and_then(|c| DType::from_onnx(c as i32));
+            vec![Known { ty: ty(to, shape(&x)), value: x.value.clone(), constant: None }]
+        }
+        "CastLike" => vec![out(ty(ins.get(1).and_then(elem), shape(&x)))],
+        "IsNaN" | "IsInf" => vec![out(ty(Some(DType::Bool), shape(&x)))],
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Sum" | "Mean" => {
+            let shapes: Option<Vec<Shape>> = ins.iter().map(shape).collect();
+            let value = if ins.len() == 2 { arith(&node.op_type, &ins[0], &ins[1]) } else { None };
+            vec![Known { ty: ty(elem(&x), shapes.map(|s| broadcast(&s))), value, constant: None }]
+        }
+        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
+            let shapes: Option<Vec<Shape>> = ins.iter().map(shape).collect();
+            vec![out(ty(Some(DType::Bool), shapes.map(|s| broadcast(&s))))]
+        }
+        "Where" => {
+            let shapes: Option<Vec<Shape>> = ins.iter().map(shape).collect();
+            vec![out(ty(ins.get(1).and_then(elem), shapes.map(|s| broadcast(&s))))]
+        }
+        "Constant" => {
+            let t = node.constant_tensor()?;
+            vec![Known { ty: ty(Some(t.dtype()), Some(t.shape().iter().map(|&d| Dim::Known(d as i64)).collect())), value: int_dims(&t), constant: Some(t) }]
+        }
+        "Shape" => {
+            let s = shape(&x);
+            let r = s.as_ref().map(|s| s.len() as i64);
+            let (start, end) = (node.attr_int("start").unwrap_or(0), node.attr_int("end"));
+            let value = s.as_ref().map(|s| {
+                let r = s.len() as i64;
+                let c = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                let (a, b) = (c(start), c(end.unwrap_or(r)));
+                s[a..b.max(a)].to_vec()
+            });
+            let n = value.as_ref().map(|v| v.len() as i64).or(r.filter(|_| start == 0 && end.is_none()));
+            vec![Known { ty: ty(Some(DType::I64), Some(vec![n.map(Dim::Known).unwrap_or(Dim::Unknown)])), value, constant: None }]
+        }
+        "Size" => vec![out(ty(Some(DType::I64), Some(vec![])))],
+        "ConstantOfShape" => {
+            let e = match node.attr("value") { Some(Attr::Tensor(t)) => Some(t.dtype()), _ => Some(DType::F32) };
+            vec![out(ty(e, x.value.clone()))]
+        }
+        "Reshape" => {
+            let target = ins.get(1).and_then(|k| k.value.clone());
+            let allowzero = node.attr_int("allowzero").unwrap_or(0) != 0;
+            let s = target.map(|t| reshape(shape(&x).as_ref(), &t, allowzero));
+            vec![Known { ty: ty(elem(&x), s), value: x.value.clone(), constant: None }]
+        }
+        "Flatten" => {
+            let s = shape(&x).map(|s| {
+                let a = node.attr_int("axis").unwrap_or(1);
+                let k = if a < 0 { (a + s.len() as i64).max(0) as usize } else { (a as usize).min(s.len()) };
+                vec![product(&s[..k]), product(&s[k..])]
+            });
+            vec![out(ty(elem(&x), s))]
+        }
+        "Transpose" => {
+            let s = shape(&x).map(|s| match attr_ints(node, "perm") {
+                Some(p) => p.iter().map(|&i| s.get(i as usize).cloned().unwrap_or(Dim::Unknown)).collect(),
+                None => s.iter().rev().cloned().collect(),
+            });
+            vec![out(ty(elem(&x), s))]
+        }
+        "Squeeze" | "Unsqueeze" => {
+            let axes = if opset >= 13 { ins.get(1).and_then(ints) } else { attr_ints(node, "axes") };
+            let s = shape(&x).and_then(|s| squeeze(&node.op_type, &s, axes));
+            let value = x.value.clone();
+            vec![Known { ty: ty(elem(&x), s), value, constant: None }]
+        }
+        "Concat" => {
+            let shapes: Option<Vec<Shape>> = ins.iter().map(shape).collect();
+            let a = node.attr_int("axis").unwrap_or(0);
+            let s = shapes.and_then(|sh| {
+                let first = sh.first()?.clone();
+                let ax = norm_axis(a, first.len())?;
+                let mut o = first.clone();
+                o[ax] = sh.iter().map(|s| s.get(ax).cloned().unwrap_or(Dim::Unknown)).reduce(|p, q| add_dims(&p, &q)).unwrap_or(Dim::Unknown);
+                Some(o)
+            });
+            let value = ins.iter().map(|k| k.value.clone()).collect::<Option<Vec<_>>>().map(|v| v.concat());
+            vec![Known { ty: ty(elem(&x), s), value, constant: None }]
+        }
+        "Gather" => {
+            let idx = ins.get(1).cloned().unwrap_or_default();
+            let a = node.attr_int("axis").unwrap_or(0);
+            let s = match (shape(&x), shape(&idx)) {
+                (Some(d), Some(i)) => norm_axis(a, d.len()).map(|ax| [&d[..ax], &i[..], &d[ax + 1..]].concat()),
+                _ => None,
+            };
+            let value = match (&x.value, ints(&idx)) {
+                (Some(v), Some(i)) if a == 0 => i.iter().map(|&j| { let j = if j < 0 { j + v.len() as i64 } else { j }; v.get(j as usize).cloned() }).collect(),
+                _ => None,
+            };
+            vec![Known { ty: ty(elem(&x), s), value, constant: None }]
+        }
+        "Slice" => {
+            let (starts, ends, axes, steps) = if opset < 10 {
+                (attr_ints(node, "starts"), attr_ints(node, "ends"), attr_ints(node, "axes"), None)
+            } else {
+                (ins.get(1).and_then(ints), ins.get(2).and_then(ints), ins.get(3).and_then(ints), ins.get(4).and_then(ints))
+            };
+            let value = match (&x.value, &starts, &ends) {
+                (Some(v), Some(s), Some(e)) if s.len() == 1 && steps.as_ref().is_none_or(|st| st == &[1]) => {
+                    let n = v.len() as i64;
+                    let c = |p: i64| (if p < 0 { p + n } else { p }).clamp(0, n) as usize;
+                    let (a, b) = (c(s[0]), c(e[0]));
+                    Some(v[a..b.max(a)].to_vec())
+                }
+                _ => None,
+            };
+            let s = match (shape(&x), starts, ends) {
+                (Some(sh), Some(st), Some(en)) => Some(slice_shape(&sh, &st, &en, axes, steps)),
+                (Some(sh), _, _) => Some(vec![Dim::Unknown; sh.len()]),
+                _ => None,
+            };
+            vec![Known { ty: ty(elem(&x), s), value, constant: None }]
+        }
+        "Expand" => {
+            let s = match (shape(&x), ins.get(1).and_then(|k| k.value.clone())) {
+                (Some(a), Some(b)) => Some(broadcast(&[a, b])),
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "Tile" => {
+            let s = match (shape(&x), ins.get(1).and_then(ints)) {
+                (Some(a), Some(r)) => Some(a.iter().zip(&r).map(|(d, &k)| mul_dim(d, k)).collect()),
+                (Some(a), None) => Some(vec![Dim::Unknown; a.len()]),
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "Range" => vec![out(ty(elem(&x), Some(vec![Dim::Unknown])))],
+        "Pad" => {
+            let pads = if opset < 11 { attr_ints(node, "pads") } else { ins.get(1).and_then(ints) };
+            let s = match (shape(&x), pads) {
+                (Some(sh), Some(p)) if p.len() == 2 * sh.len() => Some(sh.iter().enumerate().map(|(i, d)| match d { Dim::Known(k) => Dim::Known(k + p[i] + p[i + sh.len()]), _ if p[i] + p[i + sh.len()] == 0 => d.clone(), _ => Dim::Unknown }).collect()),
+                (Some(sh), _) => Some(vec![Dim::Unknown; sh.len()]),
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "Split" => {
+            let a = node.attr_int("axis").unwrap_or(0);
+            let sizes = if opset >= 13 { ins.get(1).and_then(ints) } else { attr_ints(node, "split") };
+            let n = node.outputs.len();
+            (0..n).map(|i| {
+                let s = shape(&x).and_then(|sh| {
+                    let ax = norm_axis(a, sh.len())?;
+                    let mut o = sh.clone();
+                    o[ax] = match (&sizes, &sh[ax]) {
+                        (Some(v), _) => Dim::Known(*v.get(i)?),
+                        (None, Dim::Known(d)) if d % n as i64 == 0 => Dim::Known(d / n as i64),
+                        _ => Dim::Unknown,
+                    };
+                    Some(o)
+                });
+                out(ty(elem(&x), s))
+            }).collect()
+        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSumExp" | "ReduceLogSum" | "ArgMax" | "ArgMin" => {
+            let arg = node.op_type.starts_with("Arg");
+            let keep = node.attr_int("keepdims").unwrap_or(1) != 0;
+            let from_input = !arg && ((node.op_type == "ReduceSum" && opset >= 13) || opset >= 18);
+            let axes = if arg { Some(vec![node.attr_int("axis").unwrap_or(0)]) } else if from_input { ins.get(1).and_then(ints) } else { attr_ints(node, "axes") };
+            let explicit_axes_input = from_input && ins.get(1).is_some_and(|k| k.ty.is_some());
+            let s = shape(&x).and_then(|sh| {
+                let axes: Vec<usize> = match axes {
+                    Some(a) if !a.is_empty() => a.iter().map(|&v| norm_axis(v, sh.len())).collect::<Option<_>>()?,
+                    _ if explicit_axes_input => return None,
+                    _ if node.attr_int("noop_with_empty_axes").unwrap_or(0) != 0 => return Some(sh.clone()),
+                    _ => (0..sh.len()).collect(),
+                };
+                Some(sh.iter().enumerate().filter_map(|(i, d)| if axes.contains(&i) { keep.then_some(Dim::Known(1)) } else { Some(d.clone()) }).collect())
+            });
+            vec![out(ty(if arg { Some(DType::I64) } else { elem(&x) }, s))]
+        }
+        "MatMul" => {
+            let (a, b) = (shape(&x), ins.get(1).and_then(shape));
+            let s = match (a, b) {
+                (Some(mut a), Some(mut b)) if !a.is_empty() && !b.is_empty() => {
+                    let (a1, b1) = (a.len() == 1, b.len() == 1);
+                    if a1 { a.insert(0, Dim::Known(1)); }
+                    if b1 { b.push(Dim::Known(1)); }
+                    let mut o = broadcast(&[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
+                    if !a1 { o.push(a[a.len() - 2].clone()); }
+                    if !b1 { o.push(b[b.len() - 1].clone()); }
+                    Some(o)
+                }
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "Gemm" => {
+            let (a, b) = (shape(&x), ins.get(1).and_then(shape));
+            let ta = node.attr_int("transA").unwrap_or(0) != 0;
+            let tb = node.attr_int("transB").unwrap_or(0) != 0;
+            let s = match (a, b) {
+                (Some(a), Some(b)) if a.len() == 2 && b.len() == 2 => Some(vec![a[if ta { 1 } else { 0 }].clone(), b[if tb { 0 } else { 1 }].clone()]),
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "Conv" => {
+            let (xs, ws) = (shape(&x), ins.get(1).and_then(shape));
+            let s = match (xs, ws) {
+                (Some(xs), Some(ws)) if xs.len() >= 3 && ws.len() == xs.len() => {
+                    let kernel: Option<Vec<i64>> = attr_ints(node, "kernel_shape").or_else(|| ws[2..].iter().map(|d| d.known()).collect());
+                    kernel.map(|k| [vec![xs[0].clone(), ws[0].clone()], windowed(node, &xs, &k)].concat())
+                }
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "ConvTranspose" => {
+            let (xs, ws) = (shape(&x), ins.get(1).and_then(shape));
+            let group = node.attr_int("group").unwrap_or(1);
+            let s = match (xs, ws) {
+                (Some(xs), Some(ws)) if xs.len() >= 3 && ws.len() == xs.len() => {
+                    let r = xs.len() - 2;
+                    let m = match &ws[1] { Dim::Known(k) => Dim::Known(k * group), _ => Dim::Unknown };
+                    let sp: Vec<Dim> = (0..r).map(|i| {
+                        if let Some(os) = attr_ints(node, "output_shape") { return Dim::Known(os[os.len() - r + i]); }
+                        let get = |n: &str, j: usize, d: i64| node.attr_ints(n).and_then(|v| v.get(j).copied()).unwrap_or(d);
+                        match (&xs[2 + i], &ws[2 + i]) {
+                            (Dim::Known(n), Dim::Known(k)) => {
+                                let (st, d) = (get("strides", i, 1), get("dilations", i, 1));
+                                let total = st * (n - 1) + get("output_padding", i, 0) + (k - 1) * d + 1;
+                                if node.attr_str("auto_pad").is_some_and(|a| a.starts_with("SAME")) { Dim::Known(n * st) } else { Dim::Known(total - get("pads", i, 0) - get("pads", i + r, 0)) }
+                            }
+                            _ => Dim::Unknown,
+                        }
+                    }).collect();
+                    Some([vec![xs[0].clone(), m], sp].concat())
+                }
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "MaxPool" | "AveragePool" => {
+            let s = shape(&x).and_then(|xs| {
+                let k = attr_ints(node, "kernel_shape")?;
+                (xs.len() == k.len() + 2).then(|| [xs[..2].to_vec(), windowed(node, &xs, &k)].concat())
+            });
+            let t = ty(elem(&x), s.clone());
+            vec![out(t), out(ty(Some(DType::I64), s))]
+        }
+        "GlobalAveragePool" | "GlobalMaxPool" => {
+            let s = shape(&x).map(|xs| xs.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::Known(1) }).collect());
+            vec![out(ty(elem(&x), s))]
+        }
+        "Resize" | "Upsample" => {
+            let (scales_i, sizes_i) = if opset >= 11 && node.op_type == "Resize" { (2, Some(3)) } else { (1, None) };
+            let s = shape(&x).map(|xs| {
+                if let Some(sz) = sizes_i.and_then(|i| ins.get(i)).and_then(ints).filter(|v| v.len() == xs.len()) {
+                    return sz.into_iter().map(Dim::Known).collect();
+                }
+                match ins.get(scales_i).and_then(|k| k.constant.as_ref()).and_then(|t| t.to_f64_vec().ok()).filter(|v| v.len() == xs.len()) {
+                    Some(sc) => xs.iter().zip(sc).map(|(d, f)| match d { Dim::Known(n) => Dim::Known((*n as f64 * f).floor() as i64), _ if f == 1.0 => d.clone(), _ => Dim::Unknown }).collect(),
+                    None => xs.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::Unknown }).collect(),
+                }
+            });
+            vec![out(ty(elem(&x), s))]
+        }
+        "LSTM" | "GRU" => {
+            let dirs = if node.attr_str("direction") == Some("bidirectional") { 2 } else { 1 };
+            let hidden = node.attr_int("hidden_size").map(Dim::Known).unwrap_or(Dim::Unknown);
+            let layout = node.attr_int("layout").unwrap_or(0);
+            let (y, st) = shape(&x).filter(|s| s.len() == 3).map(|s| {
+                let (seq, batch) = if layout == 0 { (s[0].clone(), s[1].clone()) } else { (s[1].clone(), s[0].clone()) };
+                let d = Dim::Known(dirs);
+                if layout == 0 {
+                    (vec![seq, d.clone(), batch.clone(), hidden.clone()], vec![d, batch, hidden.clone()])
+                } else {
+                    (vec![batch.clone(), seq, d.clone(), hidden.clone()], vec![batch, d, hidden.clone()])
+                }
+            }).unzip();
+            let e = elem(&x);
+            vec![out(ty(e, y)), out(ty(e, st.clone())), out(ty(e, st))]
+        }
+        "QuantizeLinear" => {
+            let zp = ins.get(2).and_then(elem);
+            let to = node.attr_int("output_dtype").filter(|&d| d != 0).and_then(|c| DType::from_onnx(c as i32));
+            vec![out(ty(zp.or(to).or(Some(DType::U8)), shape(&x)))]
+        }
+        "DequantizeLinear" => {
+            let scale = ins.get(1).and_then(elem);
+            let to = node.attr_int("output_dtype").filter(|&d| d != 0).and_then(|c| DType::from_onnx(c as i32));
+            vec![out(ty(to.or(scale).or(Some(DType::F32)), shape(&x)))]
+        }
+        "If" => {
+            let branch = match node.attr("then_branch") { Some(Attr::Graph(g)) => g, _ => return None };
+            branch.outputs().iter().map(|v| out(branch.value(*v).ok().and_then(|v| v.ty.clone()))).collect()
+        }
+        _ => return None,
+    })
+}
+
+fn product(dims: &[Dim]) -> Dim {
+    dims.iter().try_fold(1i64, |acc, d| d.known().map(|k| acc * k)).map(Dim::Known).unwrap_or_else(|| {
+        let unknown: Vec<&Dim> = dims.iter().filter(|d| d.known() != Some(1)).collect();
+        if unknown.len() == 1 { unknown[0].clone() } else { Dim::Unknown }
+    })
+}
+
+fn add_dims(a: &Dim, b: &Dim) -> Dim {
+    match (a, b) {
+        (Dim::Known(x), Dim::Known(y)) => Dim::Known(x + y),
+        _ => Dim::Unknown,
+    }
+}
+
+fn mul_dim(d: &Dim, k: i64) -> Dim {
+    match d {
+        Dim::Known(x) => Dim::Known(x * k),
+        _ if k == 1 => d.clone(),
+        _ => Dim::Unknown,
+    }
+}
+
+/// Shape arithmetic on values: elementwise ops on small integer vectors.
+fn arith(op: &str, a: &Known, b: &Known) -> Option<Vec<Dim>> {
+    let (x, y) = (a.value.as_ref()?, b.value.as_ref()?);
+    let n = x.len().max(y.len());
+    if !(x.len() == n || x.len() == 1) || !(y.len() == n || y.len() == 1) {
+        return None;
+    }
+    (0..n).map(|i| {
+        let (p, q) = (&x[if x.len() == 1 { 0 } else { i }], &y[if y.len() == 1 { 0 } else { i }]);
+        Some(match (p.known(), q.known()) {
+            (Some(u), Some(v)) => Dim::Known(match op {
+                "Add" => u + v,
+                "Sub" => u - v,
+                "Mul" => u * v,
+                "Div" if v != 0 => u.div_euclid(v),
+                "Max" => u.max(v),
+                "Min" => u.min(v),
+                _ => return None,
+            }),
+            (_, Some(1)) if op == "Mul" || op == "Div" => p.clone(),
+            (_, Some(0)) if op == "Add" || op == "Sub" => p.clone(),
+            _ => Dim::Unknown,
+        })
+    }).collect()
+}
+
+fn reshape(from: Option<&Shape>, target: &[Dim], allowzero: bool) -> Shape {
+    let mut out: Shape = target.iter().enumerate().map(|(i, d)| match d {
+        Dim::Known(0) if !allowzero => from.and_then(|f| f.get(i).cloned()).unwrap_or(Dim::Unknown),
+        d => d.clone(),
+    }).collect();
+    if let Some(pos) = out.iter().position(|d| *d == Dim::Known(-1)) {
+        let total = from.and_then(|f| f.iter().try_fold(1i64, |a, d| d.known().map(|k| a * k)));
+        let rest = out.iter().enumerate().filter(|(i, _)| *i != pos).try_fold(1i64, |a, (_, d)| d.known().map(|k| a * k));
+        out[pos] = match (total, rest) {
+            (Some(t), Some(r)) if r != 0 => Dim::Known(t / r),
+            _ => {
+                // A symbol that is the only unknown factor on both sides carries over.
+                let syms_from: Vec<&Dim> = from.map(|f| f.iter().filter(|d| d.known().is_none()).collect()).unwrap_or_default();
+                let same_known = from.map(|f| f.iter().filter_map(|d| d.known()).product::<i64>()) == rest;
+                if syms_from.len() == 1 && same_known { syms_from[0].clone() } else { Dim::Unknown }
+            }
+        };
+    }
+    out
+}
+
+fn squeeze(op: &str, s: &Shape, axes: Option<Vec<i64>>) -> Option<Shape> {
+    if op == "Squeeze" {
+        return Some(match axes {
+            Some(a) => {
+                let ax: Vec<usize> = a.iter().map(|&v| norm_axis(v, s.len())).collect::<Option<_>>()?;
+                s.iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, d)| d.clone()).collect()
+            }
+            None if s.iter().all(|d| d.known().is_some()) => s.iter().filter(|d| d.known() != Some(1)).cloned().collect(),
+            None => return None,
+        });
+    }
+    let a = axes?;
+    let r = s.len() + a.len();
+    let mut ax: Vec<usize> = a.iter().map(|&v| norm_axis(v, r)).collect::<Option<_>>()?;
+    ax.sort();
+    let mut o = s.clone();
+    for i in ax {
+        o.insert(i.min(o.len()), Dim::Known(1));
+    }
+    Some(o)
+}
+
+fn slice_shape(s: &Shape, starts: &[i64], ends: &[i64], axes: Option<Vec<i64>>, steps: Option<Vec<i64>>) -> Shape {
+    let mut o = s.clone();
+    let axes: Vec<i64> = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    for (k, &a) in axes.iter().enumerate() {
+        let Some(ax) = norm_axis(a, s.len()) else { return vec![Dim::Unknown; s.len()] };
+        let step = steps.as_ref().and_then(|v| v.get(k).copied()).unwrap_or(1);
+        o[ax] = match s[ax] {
+            Dim::Known(d) if step != 0 => {
+                let norm = |v: i64| if v < 0 { v + d } else { v };
+                let (b, e) = if step > 0 { (norm(starts[k]).clamp(0, d), norm(ends[k]).clamp(0, d)) } else { (norm(starts[k]).clamp(-1, d - 1), norm(ends[k]).clamp(-1, d - 1)) };
+                let n = if step > 0 { (e - b + step - 1).div_euclid(step) } else { (b - e - step - 1).div_euclid(-step) };
+                Dim::Known(n.max(0))
+            }
+            _ if starts[k] == 0 && ends[k] >= i32::MAX as i64 && step == 1 => s[ax].clone(),
+            _ => Dim::Unknown,
+        };
+    }
+    o
+}
