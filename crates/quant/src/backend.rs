@@ -14,33 +14,30 @@ use crate::pattern::Pattern;
 use crate::spec::{Granularity, QuantizationSpec};
 use crate::{Convention, QType};
 
-/// An element type in a dtype config: a quantized integer type, or float (not quantized).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// An element type in a dtype config: a quantized integer type, or `"f32"` (not quantized).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ConfigDType {
-    U4,
-    S4,
-    U8,
-    S8,
-    U16,
-    S16,
-    S32,
-    F32,
+    Float,
+    Int(QType),
+}
+
+impl<'de> Deserialize<'de> for ConfigDType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        if name == "f32" {
+            return Ok(ConfigDType::Float);
+        }
+        QType::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(&name)).map(ConfigDType::Int)
+    }
 }
 
 impl ConfigDType {
     /// The integer type, or `None` for float.
     pub fn qtype(self) -> Option<QType> {
-        Some(match self {
-            ConfigDType::U4 => QType::U4,
-            ConfigDType::S4 => QType::S4,
-            ConfigDType::U8 => QType::U8,
-            ConfigDType::S8 => QType::S8,
-            ConfigDType::U16 => QType::U16,
-            ConfigDType::S16 => QType::S16,
-            ConfigDType::S32 => QType::S32,
-            ConfigDType::F32 => return None,
-        })
+        match self {
+            ConfigDType::Int(q) => Some(q),
+            ConfigDType::Float => None,
+        }
     }
 }
 

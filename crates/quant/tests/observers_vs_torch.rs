@@ -12,12 +12,8 @@ fn fixture() -> Value {
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
-fn qtype(s: &str) -> QType {
-    match s {
-        "u8" => QType::U8,
-        "s8" => QType::S8,
-        other => panic!("unknown qtype {other}"),
-    }
+fn qtype(v: &Value) -> QType {
+    serde_json::from_value(v.clone()).expect("a qtype name")
 }
 
 #[test]
@@ -29,7 +25,7 @@ fn qparams_match_minmax_observer() {
         let scheme = QScheme {
             reduce_range: case["reduce_range"].as_bool().unwrap(),
             quant_range: case["quant_range"].as_array().map(|r| (r[0].as_i64().unwrap(), r[1].as_i64().unwrap())),
-            ..QScheme::new(qtype(case["qtype"].as_str().unwrap()), case["symmetric"].as_bool().unwrap(), Convention::PyTorch)
+            ..QScheme::new(qtype(&case["qtype"]), case["symmetric"].as_bool().unwrap(), Convention::PyTorch)
         };
         assert_eq!(scheme.qrange(), (case["qmin"].as_i64().unwrap(), case["qmax"].as_i64().unwrap()), "{case}");
         let p = scheme.qparams(case["min"].as_f64().unwrap() as f32, case["max"].as_f64().unwrap() as f32);
