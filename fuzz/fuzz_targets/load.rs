@@ -1,5 +1,5 @@
 //! Fuzzes the model loader: any bytes must give a model or an error, never a panic, and a
-//! loaded model must pass `check()` and survive a save-and-reload round trip.
+//! consistent loaded model saves to bytes that reload and save to the same bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
         if model.graph.check().is_ok() {
             if let Ok(bytes) = qforge_onnx::to_bytes(&model) {
                 let again = qforge_onnx::load_bytes(&bytes, None).expect("a saved model reloads");
-                assert!(again == model, "round trip changed the model");
+                assert!(qforge_onnx::to_bytes(&again).ok() == Some(bytes), "saving is not a fixpoint");
             }
         }
     }
