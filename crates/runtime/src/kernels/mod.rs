@@ -3,7 +3,7 @@
 
 mod control;
 mod conv;
-pub mod elementwise;
+mod elementwise;
 mod gemm;
 mod matmul;
 mod norm;
@@ -11,8 +11,8 @@ mod pool;
 mod reduce;
 mod resize;
 mod rnn;
-pub mod shape;
-pub mod util;
+mod shape;
+mod util;
 
 /// Registers every built-in kernel.
 pub fn register_all(r: &mut crate::Registry) {

@@ -192,16 +192,7 @@ pub fn transpose_tensor(x: &Tensor, perm: &[usize]) -> RuntimeResult<Tensor> {
     let st = strides(s);
     let out_shape: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
     let out_st: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
-    if x.dtype() == DType::F32 {
-        let v = x.as_slice::<f32>().unwrap();
-        return tensor(&out_shape, transpose_f32(v, &out_shape, &out_st));
-    }
     gather_elements(x, &out_shape, strided_indices(&out_shape, 0, &out_st).into_iter())
-}
-
-/// f32 transpose with the innermost output loop unrolled over contiguous runs when possible.
-fn transpose_f32(v: &[f32], shape: &[usize], st: &[isize]) -> Vec<f32> {
-    strided_indices(shape, 0, st).into_iter().map(|i| v[i]).collect()
 }
 
 fn transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
