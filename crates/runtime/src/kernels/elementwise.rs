@@ -66,77 +66,74 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    let alpha = |d| info.attr_float("alpha", d);
-    let f: Box<dyn Fn(f32) -> f32 + Send + Sync> = match info.node.op_type.as_str() {
-        "Relu" => Box::new(|x: f32| x.max(0.0)),
-        "Sigmoid" => Box::new(sigmoid),
-        "Tanh" => Box::new(f32::tanh),
-        "Sqrt" => Box::new(f32::sqrt),
-        "Exp" => Box::new(f32::exp),
-        "Log" => Box::new(f32::ln),
-        "Erf" => Box::new(libm::erff),
-        "Reciprocal" => Box::new(|x: f32| 1.0 / x),
-        "Floor" => Box::new(f32::floor),
-        "Ceil" => Box::new(f32::ceil),
-        "Round" => Box::new(f32::round_ties_even),
-        "Sin" => Box::new(f32::sin),
-        "Cos" => Box::new(f32::cos),
-        "Softplus" => Box::new(|x: f32| if x > 20.0 { x } else { x.exp().ln_1p() }),
-        "Softsign" => Box::new(|x: f32| x / (1.0 + x.abs())),
-        "HardSigmoid" => {
-            let (a, b) = (alpha(0.2), info.attr_float("beta", 0.5));
-            Box::new(move |x: f32| (a * x + b).clamp(0.0, 1.0))
-        }
-        "HardSwish" => Box::new(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
-        "LeakyRelu" => {
-            let a = alpha(0.01);
-            Box::new(move |x: f32| if x < 0.0 { a * x } else { x })
-        }
-        "Elu" => {
-            let a = alpha(1.0);
-            Box::new(move |x: f32| if x < 0.0 { a * (x.exp() - 1.0) } else { x })
-        }
-        "Selu" => {
-            let (a, g) = (alpha(1.673_263_2), info.attr_float("gamma", 1.050_701));
-            Box::new(move |x: f32| if x <= 0.0 { g * (a * x.exp() - a) } else { g * x })
-        }
-        "Celu" => {
-            let a = alpha(1.0);
-            Box::new(move |x: f32| x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0))
-        }
-        "ThresholdedRelu" => {
-            let a = alpha(1.0);
-            Box::new(move |x: f32| if x > a { x } else { 0.0 })
-        }
-        "Gelu" => {
-            if info.attr_str("approximate", "none") == "tanh" {
-                Box::new(|x: f32| 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
-            } else {
-                Box::new(|x: f32| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)))
-            }
-        }
-        "Mish" => Box::new(|x: f32| x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh()),
-        other => return Err(info.error(format!("{other} is not a unary float op"))),
-    };
+/// A unary float kernel: `f` is monomorphized into the loop (so it vectorizes) and applied
+/// in parallel chunks for large tensors.
+fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult<Box<dyn Kernel>> {
     kernel(move |ins| {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 14;
         let x = input(ins, 0)?;
         let src = to_f32(x)?;
         let mut v = vec![0f32; src.len()];
-        map_f32(&src, &mut v, &*f);
+        v.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = f(x);
+            }
+        });
         Ok(vec![from_f32(x.dtype(), x.shape(), v)?])
     })
 }
 
-/// `dst[i] = f(src[i])`, in parallel chunks for large tensors.
-fn map_f32(src: &[f32], dst: &mut [f32], f: &(dyn Fn(f32) -> f32 + Send + Sync)) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 14;
-    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
-        for (o, &x) in d.iter_mut().zip(s) {
-            *o = f(x);
+fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let alpha = |d| info.attr_float("alpha", d);
+    match info.node.op_type.as_str() {
+        "Relu" => unary(|x: f32| x.max(0.0)),
+        "Sigmoid" => unary(sigmoid),
+        "Tanh" => unary(f32::tanh),
+        "Sqrt" => unary(f32::sqrt),
+        "Exp" => unary(f32::exp),
+        "Log" => unary(f32::ln),
+        "Erf" => unary(libm::erff),
+        "Reciprocal" => unary(|x: f32| 1.0 / x),
+        "Floor" => unary(f32::floor),
+        "Ceil" => unary(f32::ceil),
+        "Round" => unary(f32::round_ties_even),
+        "Sin" => unary(f32::sin),
+        "Cos" => unary(f32::cos),
+        "Softplus" => unary(|x: f32| if x > 20.0 { x } else { x.exp().ln_1p() }),
+        "Softsign" => unary(|x: f32| x / (1.0 + x.abs())),
+        "HardSigmoid" => {
+            let (a, b) = (alpha(0.2), info.attr_float("beta", 0.5));
+            unary(move |x: f32| (a * x + b).clamp(0.0, 1.0))
         }
-    });
+        "HardSwish" => unary(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+        "LeakyRelu" => {
+            let a = alpha(0.01);
+            unary(move |x: f32| if x < 0.0 { a * x } else { x })
+        }
+        "Elu" => {
+            let a = alpha(1.0);
+            unary(move |x: f32| if x < 0.0 { a * (x.exp() - 1.0) } else { x })
+        }
+        "Selu" => {
+            let (a, g) = (alpha(1.673_263_2), info.attr_float("gamma", 1.050_701));
+            unary(move |x: f32| if x <= 0.0 { g * (a * x.exp() - a) } else { g * x })
+        }
+        "Celu" => {
+            let a = alpha(1.0);
+            unary(move |x: f32| x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0))
+        }
+        "ThresholdedRelu" => {
+            let a = alpha(1.0);
+            unary(move |x: f32| if x > a { x } else { 0.0 })
+        }
+        "Gelu" if info.attr_str("approximate", "none") == "tanh" => {
+            unary(|x: f32| 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
+        }
+        "Gelu" => unary(|x: f32| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2))),
+        "Mish" => unary(|x: f32| x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh()),
+        other => Err(info.error(format!("{other} is not a unary float op"))),
+    }
 }
 
 fn unary_signed(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
