@@ -20,6 +20,8 @@ pub struct NodeInfo<'a> {
     pub opset: i64,
     /// All opsets the model imports (for planning subgraphs).
     pub opsets: &'a [OpsetImport],
+    /// Constants visible to the node's subgraphs, by name (empty for nodes without subgraphs).
+    pub scope_consts: &'a HashMap<String, Tensor>,
     /// Constant data of each input, when it is an initializer (or folded to a constant).
     pub const_inputs: Vec<Option<&'a Tensor>>,
     /// Declared or inferred type of each input, when known.

@@ -60,13 +60,20 @@ fn opset_of(opsets: &[OpsetImport], domain: &str) -> i64 {
 impl Plan {
     /// Plans a graph: topological order, constant folding of initializer-only
     /// subexpressions, one kernel per remaining node, and the last reader of every value.
-    pub fn build(g: &Graph, opsets: &[OpsetImport], registry: &Registry) -> RuntimeResult<Plan> {
+    /// `outer_consts` are the constants of enclosing graphs by name: a subgraph that reads
+    /// them gets them folded too.
+    pub fn build(g: &Graph, opsets: &[OpsetImport], registry: &Registry, outer_consts: &HashMap<String, Tensor>) -> RuntimeResult<Plan> {
         let order = g.topo_order()?;
         let slots = g.values().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0);
         let mut consts: HashMap<usize, Tensor> = HashMap::new();
-        for (id, v) in g.initializers() {
-            if v.kind() == ValueKind::Initializer {
-                consts.insert(id.0 as usize, v.initializer().unwrap().clone());
+        for (id, v) in g.values() {
+            let data = match v.kind() {
+                ValueKind::Initializer => v.initializer().cloned(),
+                ValueKind::Outer => outer_consts.get(&v.name).cloned(),
+                _ => None,
+            };
+            if let Some(t) = data {
+                consts.insert(id.0 as usize, t);
             }
         }
         let mut steps = vec![];
@@ -76,12 +83,21 @@ impl Plan {
             let opset = opset_of(opsets, &node.domain);
             let build = registry.lookup(&node.domain, &node.op_type, opset)
                 .ok_or_else(|| RuntimeError::Unsupported { node: label.clone(), op: node.qualified_op(), opset })?;
+            // Constants visible to the node's subgraphs, by name.
+            let scope_consts: HashMap<String, Tensor> = if node.subgraphs().next().is_some() {
+                let mut m = outer_consts.clone();
+                m.extend(consts.iter().map(|(&slot, t)| (g.value_name(ValueId(slot as u32)), t.clone())));
+                m
+            } else {
+                HashMap::new()
+            };
             let info = NodeInfo {
                 node,
                 id,
                 graph: g,
                 opset,
                 opsets,
+                scope_consts: &scope_consts,
                 const_inputs: node.inputs.iter().map(|v| v.and_then(|v| consts.get(&(v.0 as usize)))).collect(),
                 input_types: node.inputs.iter().map(|v| v.and_then(|v| g.value(v).ok()).and_then(|v| v.ty.as_ref())).collect(),
             };
@@ -137,7 +153,7 @@ impl Plan {
             let val = g.value(*v).expect("input exists");
             PlannedInput { name: val.name.clone(), slot: v.0 as usize, ty: val.ty.clone(), default: val.initializer().cloned() }
         }).collect();
-        let outers = g.values().filter(|(_, v)| v.kind() == ValueKind::Outer).map(|(id, v)| (v.name.clone(), id.0 as usize)).collect();
+        let outers = g.values().filter(|(_, v)| v.kind() == ValueKind::Outer && !outer_consts.contains_key(&v.name)).map(|(id, v)| (v.name.clone(), id.0 as usize)).collect();
         let mut value_ids = vec![ValueId(u32::MAX); slots];
         let mut names = vec![String::new(); slots];
         let mut by_name = HashMap::new();

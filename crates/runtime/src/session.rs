@@ -29,7 +29,7 @@ impl Session {
     /// Plans a model. Fails when an op is unsupported or a node's attributes are invalid,
     /// naming the node.
     pub fn with_options(model: &Model, opts: SessionOptions) -> RuntimeResult<Session> {
-        let plan = Plan::build(&model.graph, &model.opset_imports, Registry::builtin())?;
+        let plan = Plan::build(&model.graph, &model.opset_imports, Registry::builtin(), &Default::default())?;
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()
             .map_err(|e| RuntimeError::Kernel(format!("cannot start {threads} worker threads: {e}")))?;

@@ -14,7 +14,7 @@ pub fn register(r: &mut Registry) {
 
 fn subgraph(info: &NodeInfo, name: &str) -> RuntimeResult<Plan> {
     match info.node.attr(name) {
-        Some(Attr::Graph(g)) => Plan::build(g, info.opsets, Registry::builtin()).map_err(|e| info.error(format!("subgraph '{name}': {e}"))),
+        Some(Attr::Graph(g)) => Plan::build(g, info.opsets, Registry::builtin(), info.scope_consts).map_err(|e| info.error(format!("subgraph '{name}': {e}"))),
         _ => Err(info.error(format!("attribute '{name}' must be a graph"))),
     }
 }
