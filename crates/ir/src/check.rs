@@ -180,3 +180,43 @@ mod tests {
         assert!(matches!(g.check(), Err(crate::IrError::Cycle { .. })));
     }
 }
+
+#[cfg(test)]
+mod maintenance_tests {
+    use crate::{Graph, Node, Tensor};
+
+    #[test]
+    fn dead_nodes_and_unused_constants_are_removed() {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", None).unwrap();
+        let c = g.add_initializer("c", Tensor::scalar(1f32)).unwrap();
+        let unused = g.add_initializer("unused", Tensor::scalar(2f32)).unwrap();
+        let a = g.new_value("a", None).unwrap();
+        let dead = g.new_value("dead", None).unwrap();
+        let dead2 = g.new_value("dead2", None).unwrap();
+        g.add_node(Node::new("Add", "add").with_inputs([x, c]).with_outputs([a])).unwrap();
+        g.add_node(Node::new("Neg", "neg").with_inputs([a]).with_outputs([dead])).unwrap();
+        g.add_node(Node::new("Neg", "neg2").with_inputs([dead]).with_outputs([dead2])).unwrap();
+        g.set_outputs(vec![a]).unwrap();
+        assert_eq!(g.remove_dead_nodes(), 2);
+        g.check().unwrap();
+        assert_eq!(g.node_count(), 1);
+        assert!(g.value(unused).is_err() && g.value(c).is_ok());
+    }
+
+    #[test]
+    fn sorting_puts_producers_first() {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", None).unwrap();
+        let a = g.new_value("a", None).unwrap();
+        let b = g.new_value("b", None).unwrap();
+        g.add_node(Node::new("Neg", "second").with_inputs([a]).with_outputs([b])).unwrap();
+        g.add_node(Node::new("Neg", "first").with_inputs([x]).with_outputs([a])).unwrap();
+        g.set_outputs(vec![b]).unwrap();
+        g.sort_nodes().unwrap();
+        g.check().unwrap();
+        let names: Vec<_> = g.nodes().map(|(_, n)| n.name.clone()).collect();
+        assert_eq!(names, vec!["first", "second"]);
+        assert_eq!(g.producer(b).map(|p| g.node(p.0).unwrap().name.clone()), Some("second".into()));
+    }
+}
