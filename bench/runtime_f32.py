@@ -25,14 +25,23 @@ MODELS = {
     "ocr_cls": {"x": (1, 3, 48, 192)},
     "orientation": {"x": (1, 3, 224, 224)},
     "silero_vad_16k_op15": {"input": (1, 576), "state": (2, 1, 128), "sr": 16000},
+    "bert_tiny": {"input_ids": ("ids", 1, 128), "attention_mask": ("ones", 1, 128), "token_type_ids": ("zeros", 1, 128)},
 }
+# Models committed to the repository rather than fetched into the cache.
+COMMITTED = {"bert_tiny"}
 
 
 def inputs_for(spec):
     rng = np.random.default_rng(0)
     feed = {}
     for name, s in spec.items():
-        feed[name] = np.array(s, dtype=np.int64) if isinstance(s, int) else rng.random(s, dtype=np.float32)
+        if isinstance(s, int):
+            feed[name] = np.array(s, dtype=np.int64)
+        elif isinstance(s[0], str):
+            kind, shape = s[0], s[1:]
+            feed[name] = {"ids": rng.integers(1, 1000, shape), "ones": np.ones(shape), "zeros": np.zeros(shape)}[kind].astype(np.int64)
+        else:
+            feed[name] = rng.random(s, dtype=np.float32)
     return feed
 
 
@@ -70,7 +79,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            path = os.path.join(CACHE, "models", f"{name}.onnx")
+            path = os.path.join(ROOT if name in COMMITTED else CACHE, "models", f"{name}.onnx")
             feed = inputs_for(MODELS[name])
             files = {}
             for k, v in feed.items():

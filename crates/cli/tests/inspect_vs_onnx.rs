@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use qforge_testkit::{light_models, real_models, repo, python};
+use qforge_testkit::{committed_models, light_models, python, real_models, repo};
 
 fn models() -> Vec<PathBuf> {
-    real_models().into_iter().chain(light_models()).map(|m| m.path).collect()
+    real_models().into_iter().chain(light_models()).chain(committed_models()).map(|m| m.path).collect()
 }
 
 fn json_of(cmd: &mut Command) -> serde_json::Value {

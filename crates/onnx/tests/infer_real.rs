@@ -6,13 +6,13 @@
 use std::collections::HashMap;
 
 use qforge_ir::{infer, Dim};
-use qforge_testkit::{light_models, oracle, real_models};
+use qforge_testkit::{committed_models, light_models, oracle, real_models};
 use serde_json::Value;
 
 #[test]
 fn inference_agrees_with_onnx() {
     let mut summary = vec![];
-    for m in real_models().into_iter().chain(light_models()) {
+    for m in real_models().into_iter().chain(light_models()).chain(committed_models()) {
         let mut model = qforge_onnx::load(&m.path).unwrap();
         let outputs: Vec<_> = model.graph.outputs().to_vec();
         let stripped: Vec<_> = model.graph.values().filter(|(id, v)| v.in_value_info && !outputs.contains(id)).map(|(id, _)| id).collect();

@@ -5,7 +5,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 
-use qforge_testkit::{light_models, oracle, real_models, RealModel, TempDir};
+use qforge_testkit::{committed_models, light_models, oracle, real_models, RealModel, TempDir};
 
 fn assert_same_outputs(original: &Path, saved: &Path, m: &RealModel) {
     let mut args: Vec<&OsStr> = vec![original.as_os_str(), saved.as_os_str()];
@@ -23,7 +23,7 @@ fn assert_same_outputs(original: &Path, saved: &Path, m: &RealModel) {
 #[test]
 fn round_trip_is_lossless_and_runs_identically() {
     let tmp = TempDir::new("roundtrip");
-    let models: Vec<RealModel> = real_models().into_iter().chain(light_models()).collect();
+    let models: Vec<RealModel> = real_models().into_iter().chain(light_models()).chain(committed_models()).collect();
     for m in &models {
         let model = qforge_onnx::load(&m.path).unwrap_or_else(|e| panic!("{e}"));
         model.graph.check().unwrap_or_else(|e| panic!("{}: {e}", m.name));

@@ -3,12 +3,12 @@
 //! and the ONNX light model zoo.
 
 use qforge_runtime::Session;
-use qforge_testkit::{compare, light_models, make_inputs, ort_run, real_models};
+use qforge_testkit::{committed_models, compare, light_models, make_inputs, ort_run, real_models};
 
 #[test]
 fn outputs_match_onnxruntime() {
     let mut failures = vec![];
-    for m in real_models().into_iter().chain(light_models()) {
+    for m in real_models().into_iter().chain(light_models()).chain(committed_models()) {
         let model = qforge_onnx::load(&m.path).unwrap();
         let session = match Session::new(&model) {
             Ok(s) => s,

@@ -43,6 +43,7 @@ fn hints(stem: &str) -> (Vec<&'static str>, Vec<&'static str>) {
         "orientation" => (vec!["x=1,3,224,224"], vec![]),
         "silero_vad_16k_sequence" => (vec!["input=3,576"], vec![]),
         s if s.starts_with("silero_vad") => (vec!["input=1,576", "state=2,1,128"], vec!["sr=16000"]),
+        "bert_tiny" => (vec!["input_ids=2,16", "attention_mask=2,16", "token_type_ids=2,16"], vec!["attention_mask=1", "input_ids=7"]),
         _ => (vec![], vec![]),
     }
 }
@@ -71,6 +72,12 @@ pub fn light_models() -> Vec<RealModel> {
     let v = models_in(&cache().join("models/light"));
     assert!(v.len() >= 9, "expected the 9 light models; run scripts/setup.sh");
     v
+}
+
+/// Small models committed to the repository (`models/`): a BERT-class encoder exported from
+/// PyTorch by `scripts/export_bert.py`.
+pub fn committed_models() -> Vec<RealModel> {
+    models_in(&repo().join("models"))
 }
 
 /// Runs `scripts/oracle/<script>` with the test venv's Python.
