@@ -169,6 +169,20 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             (s[..ax].iter().product::<usize>(), s[ax], s[ax + 1..].iter().product::<usize>())
         };
         let mut v = to_f32(x)?.into_owned();
+        if inner == 1 && op == "Softmax" {
+            use rayon::prelude::*;
+            v.par_chunks_mut(d.max(1)).with_min_len(64).for_each(|row| {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                for x in row.iter_mut() {
+                    *x = (*x - m).exp();
+                    sum += *x;
+                }
+                let inv = 1.0 / sum;
+                row.iter_mut().for_each(|x| *x *= inv);
+            });
+            return Ok(vec![from_f32(x.dtype(), s, v)?]);
+        }
         for o in 0..outer {
             for i in 0..inner {
                 let at = |k: usize| (o * d + k) * inner + i;
