@@ -7,10 +7,12 @@
 //! * [`pattern`]: graph patterns as data.
 //! * [`backend`]: BackendConfig, what a deployment target supports, as data.
 //! * [`qconfig`]: QConfig and QConfigMapping, what the user asks for per node.
+//! * [`passes`]: graph passes (one file each).
 
 pub mod annotation;
 pub mod backend;
 pub mod observer;
+pub mod passes;
 pub mod pattern;
 pub mod qconfig;
 pub mod qparams;

@@ -139,8 +139,16 @@ pub fn make_inputs(graph: &qforge_ir::Graph, m: &RealModel, seed: u64) -> Vec<(S
 
 /// Runs a model in ONNX Runtime on the given inputs and returns its outputs by name.
 pub fn ort_run(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize) -> Vec<(String, qforge_ir::Tensor)> {
+    ort_run_with(model, inputs, threads, true)
+}
+
+/// [`ort_run`], with ONNX Runtime's graph optimizations (fusions) on or off.
+pub fn ort_run_with(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize, optimize: bool) -> Vec<(String, qforge_ir::Tensor)> {
     let tmp = TempDir::new("ortrun");
     let mut args: Vec<std::ffi::OsString> = vec![model.into(), "-o".into(), tmp.path().join("out.npz").into(), "--threads".into(), threads.to_string().into()];
+    if !optimize {
+        args.push("--no-opt".into());
+    }
     for (i, (name, t)) in inputs.iter().enumerate() {
         let f = tmp.path().join(format!("in{i}.npy"));
         qforge_data::write_npy(&f, t).unwrap();
