@@ -125,7 +125,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
     let median = percentile(&times, 0.5);
     let report = json!({
         "model": model_path.display().to_string(),
-        "threads": if threads == 0 { rayon_threads() } else { threads },
+        "threads": s.threads(),
         "runs": runs,
         "median_ms": median,
         "mean_ms": times.iter().sum::<f64>() / runs as f64,
@@ -145,8 +145,4 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         }
     }
     Ok(())
-}
-
-fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }

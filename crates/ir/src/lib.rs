@@ -27,7 +27,7 @@ mod types;
 pub use attr::{Attr, Attribute};
 pub use dtype::DType;
 pub use error::{IrError, IrResult};
-pub use graph::{Graph, Node, NodeId, Value, ValueId, ValueKind};
+pub use graph::{Graph, Node, NodeId, Value, ValueId, ValueKind, CAPTURE_USE};
 pub use model::{Function, Model, OpsetImport};
 pub use patch::Patch;
 pub use scope::node_scope;

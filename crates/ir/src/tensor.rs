@@ -366,15 +366,6 @@ impl Tensor {
             other => return Err(self.mismatch(other)),
         })
     }
-
-    /// Attach a tensor name to an error coming from this module.
-    pub fn name_error(err: IrError, name: &str) -> IrError {
-        match err {
-            IrError::BadTensor { reason, .. } => IrError::BadTensor { tensor: name.to_string(), reason },
-            IrError::DTypeMismatch { actual, requested, .. } => IrError::DTypeMismatch { tensor: name.to_string(), actual, requested },
-            e => e,
-        }
-    }
 }
 
 impl fmt::Debug for Tensor {

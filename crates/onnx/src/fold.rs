@@ -1,6 +1,6 @@
 //! `Constant` nodes to initializers.
 
-use qforge_ir::{Graph, Model, Patch, ValueKind};
+use qforge_ir::{Graph, Model, Patch, ValueKind, CAPTURE_USE};
 
 /// Replaces `Constant` nodes (default domain, any opset) with initializers of the same name,
 /// in the main graph and every subgraph. Constants that are graph outputs, are read by a
@@ -16,7 +16,7 @@ fn fold_graph(g: &mut Graph) -> usize {
         let Ok(n) = g.node(id) else { continue };
         let (Some(t), Some(out)) = (n.constant_tensor(), n.output(0)) else { continue };
         let v = g.value(out).expect("node output exists");
-        if g.is_output(out) || v.uses().iter().any(|u| u.1 == usize::MAX) || v.kind() != ValueKind::NodeOutput {
+        if g.is_output(out) || v.uses().iter().any(|u| u.1 == CAPTURE_USE) || v.kind() != ValueKind::NodeOutput {
             continue;
         }
         let name = v.name.clone();

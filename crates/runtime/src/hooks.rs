@@ -20,12 +20,3 @@ pub struct ValueEvent<'a> {
 pub trait Hooks: Send {
     fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor>;
 }
-
-/// Hooks from a closure.
-pub struct FnHooks<F>(pub F);
-
-impl<F: FnMut(&ValueEvent, &Tensor) -> Option<Tensor> + Send> Hooks for FnHooks<F> {
-    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
-        (self.0)(event, value)
-    }
-}

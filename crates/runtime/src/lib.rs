@@ -14,7 +14,7 @@ mod plan;
 mod session;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
-pub use hooks::{FnHooks, Hooks, ValueEvent};
+pub use hooks::{Hooks, ValueEvent};
 pub use kernel::{Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
 pub use plan::{Plan, StepTime};
 pub use session::{Session, SessionOptions};

@@ -165,11 +165,6 @@ impl Plan {
         Ok(Plan { graph: g.name.clone(), slots, constants, inputs, outers, steps, outputs, by_name, names, value_ids })
     }
 
-    /// Number of kernels executed per run (nodes left after constant folding).
-    pub fn step_count(&self) -> usize {
-        self.steps.len()
-    }
-
     /// Runs the plan. `feeds[i]` is graph input `i` (`None`: use its default initializer).
     /// `scope` resolves values of enclosing graphs. `hooks` sees every produced value.
     pub fn run(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<Tensor>> {

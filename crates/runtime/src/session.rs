@@ -1,6 +1,6 @@
 //! Sessions: a model planned once, run many times.
 
-use qforge_ir::{Model, Tensor, ValueType};
+use qforge_ir::{Model, Tensor};
 
 use crate::hooks::Hooks;
 use crate::plan::{Plan, StepTime};
@@ -41,18 +41,13 @@ impl Session {
         self.plan.inputs.iter().filter(|i| i.default.is_none()).map(|i| i.name.as_str()).collect()
     }
 
-    /// Declared type of each input, in graph order (defaults included).
-    pub fn input_types(&self) -> Vec<(&str, Option<&ValueType>)> {
-        self.plan.inputs.iter().map(|i| (i.name.as_str(), i.ty.as_ref())).collect()
-    }
-
     pub fn output_names(&self) -> Vec<&str> {
         self.plan.outputs.iter().map(|o| o.0.as_str()).collect()
     }
 
-    /// Kernels executed per run, after constant folding.
-    pub fn step_count(&self) -> usize {
-        self.plan.step_count()
+    /// Worker threads the session runs on.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
     }
 
     /// Runs the model on named inputs; returns the outputs in graph order.

@@ -52,6 +52,13 @@ impl Window {
         })
     }
 
+    /// The same window for a 1-D input treated as height 1: per-axis attributes get a leading
+    /// height entry (stride/dilation 1, no padding).
+    pub fn lifted_1d(&self) -> Window {
+        let lift = |v: &Option<Vec<usize>>, fill: usize| v.as_ref().map(|v| if v.len() == 2 { vec![0, v[0], 0, v[1]] } else { [vec![fill], v.clone()].concat() });
+        Window { kernel: None, strides: lift(&self.strides, 1), dilations: lift(&self.dilations, 1), pads: lift(&self.pads, 0), auto_pad: self.auto_pad.clone(), ceil_mode: self.ceil_mode }
+    }
+
     /// Geometry for spatial input sizes and kernel sizes (from the weight when not given).
     pub fn axes(&self, spatial: &[usize], kernel: &[usize]) -> RuntimeResult<Vec<Axis>> {
         let r = spatial.len();
@@ -201,12 +208,7 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
     if bias.is_some_and(|b| b.len() != m) {
         return Err(kernel_error(format!("bias has {} values for {m} output channels", bias.unwrap().len())));
     }
-    let win = if one_d {
-        let lift = |v: &Option<Vec<usize>>, fill: usize| v.as_ref().map(|v| if v.len() == 2 { vec![0, v[0], 0, v[1]] } else { [vec![fill], v.clone()].concat() });
-        Window { kernel: None, strides: lift(&window.strides, 1), dilations: lift(&window.dilations, 1), pads: lift(&window.pads, 0), auto_pad: window.auto_pad.clone(), ceil_mode: false }
-    } else {
-        window.clone()
-    };
+    let win = if one_d { window.lifted_1d() } else { window.clone() };
     let axes = win.axes(&[ih, iw], &[kh, kw])?;
     let (h, wa) = (axes[0], axes[1]);
     let (oh, ow) = (h.output, wa.output);

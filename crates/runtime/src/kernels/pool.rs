@@ -33,18 +33,12 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let (n, c) = (s[0], s[1]);
         let (ih, iw) = if one_d { (1, s[2]) } else { (s[2], s[3]) };
         let (kh, kw) = if one_d { (1, kernel_shape[0]) } else { (kernel_shape[0], kernel_shape[1]) };
-        let win = if one_d {
-            let lift = |v: &Option<Vec<usize>>, fill: usize| v.as_ref().map(|v| if v.len() == 2 { vec![0, v[0], 0, v[1]] } else { [vec![fill], v.clone()].concat() });
-            Window { kernel: None, strides: lift(&window.strides, 1), dilations: lift(&window.dilations, 1), pads: lift(&window.pads, 0), auto_pad: window.auto_pad.clone(), ceil_mode: window.ceil_mode }
-        } else {
-            window.clone()
-        };
+        let win = if one_d { window.lifted_1d() } else { window.clone() };
         let axes = win.axes(&[ih, iw], &[kh, kw])?;
         let (h, w) = (axes[0], axes[1]);
         let (oh, ow) = (h.output, w.output);
         let xv = to_f32(x)?;
         let mut out = vec![0f32; n * c * oh * ow];
-        let mut idx = vec![0i64; if wants_indices { n * c * oh * ow } else { 0 }];
         let planes: Vec<(usize, &mut [f32])> = out.chunks_mut(oh * ow).enumerate().collect();
         let results: Vec<Vec<i64>> = planes.into_par_iter().map(|(p, dst)| {
             let src = &xv[p * ih * iw..(p + 1) * ih * iw];
@@ -82,13 +76,10 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             }
             ind
         }).collect();
-        if wants_indices {
-            idx = results.into_iter().flatten().collect();
-        }
         let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
         let mut outs = vec![from_f32(x.dtype(), &shape, out)?];
         if wants_indices {
-            outs.push(tensor(&shape, idx)?);
+            outs.push(tensor(&shape, results.into_iter().flatten().collect::<Vec<i64>>())?);
         }
         Ok(outs)
     })

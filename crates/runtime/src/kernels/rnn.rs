@@ -11,8 +11,8 @@ pub fn register(r: &mut Registry) {
     r.add("", "GRU", 7, LATEST, gru);
 }
 
-fn activation(name: &str, alpha: Option<f32>, beta: Option<f32>) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
-    let _ = (alpha, beta);
+/// An RNN activation by its ONNX name, as `f(x, alpha, beta)`.
+fn activation(name: &str) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
     Ok(match name.to_ascii_lowercase().as_str() {
         "sigmoid" => |x, _, _| 1.0 / (1.0 + (-x).exp()),
         "tanh" => |x, _, _| x.tanh(),
@@ -41,7 +41,7 @@ impl Acts {
         let default_alpha = |n: &str| match n.to_ascii_lowercase().as_str() { "leakyrelu" => 0.01, "hardsigmoid" => 0.2, _ => 1.0 };
         let default_beta = |n: &str| if n.eq_ignore_ascii_case("hardsigmoid") { 0.5 } else { 0.0 };
         let v = names.iter().enumerate().map(|(i, n)| {
-            Ok((activation(n, None, None).map_err(|e| info.error(e.to_string()))?, alphas.get(i).copied().unwrap_or(default_alpha(n)), betas.get(i).copied().unwrap_or(default_beta(n))))
+            Ok((activation(n).map_err(|e| info.error(e.to_string()))?, alphas.get(i).copied().unwrap_or(default_alpha(n)), betas.get(i).copied().unwrap_or(default_beta(n))))
         }).collect::<RuntimeResult<Vec<_>>>()?;
         if v.len() != defaults.len() * dirs {
             return Err(info.error(format!("{} activations given, {} needed", v.len(), defaults.len() * dirs)));
