@@ -1,6 +1,7 @@
 //! The `qforge` command-line tool.
 
 mod inspect;
+mod quantize;
 mod run;
 
 use std::path::PathBuf;
@@ -39,6 +40,48 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         threads: usize,
     },
+    /// Quantize a float model to QDQ ONNX with static post-training quantization: fuse,
+    /// annotate for a backend, calibrate on sample data, and insert Quantize/DequantizeLinear.
+    Quantize {
+        model: PathBuf,
+        /// Where to write the quantized model (atomically; never the input model).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Calibration data: a folder of sample folders (<sample>/<input>.npy, optional
+        /// manifest.json), one stacked .npz, or a folder of .npz files (one per sample).
+        #[arg(long, value_name = "PATH")]
+        calibration_data: PathBuf,
+        /// Target: a built-in backend (ort, x86, xnnpack, tensorrt) or a BackendConfig .toml file.
+        #[arg(long, default_value = "ort")]
+        backend: String,
+        /// A QConfigMapping .toml file (global, op_type, scope_regex, name, op_order sections).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Activation range: minmax, percentile, entropy, l2 or mse.
+        #[arg(long, default_value = "minmax")]
+        method: String,
+        /// One weight scale per output channel (default).
+        #[arg(long, conflicts_with = "per_tensor")]
+        per_channel: bool,
+        /// One weight scale per tensor.
+        #[arg(long)]
+        per_tensor: bool,
+        /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
+        #[arg(long, value_name = "NAME|REGEX")]
+        exclude: Vec<String>,
+        /// Write a JSON report: every node (quantized or why not), ranges and scales.
+        #[arg(long, value_name = "FILE.json")]
+        report: Option<PathBuf>,
+        /// Fail when the backend rejects a requested qconfig instead of keeping the node float.
+        #[arg(long)]
+        strict: bool,
+        /// Worker threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Print a JSON summary on stdout instead of text on stderr.
+        #[arg(long)]
+        json: bool,
+    },
     /// Time a model: median latency over repeated runs on given or random inputs.
     Bench {
         model: PathBuf,
@@ -71,6 +114,9 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Inspect { model, json } => inspect::inspect(&model, json),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
+        Command::Quantize { model, output, calibration_data, backend, config, method, per_channel: _, per_tensor, exclude, report, strict, threads, json } => {
+            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, backend, config, method, per_tensor, exclude, report, strict, threads, json })
+        }
         Command::Bench { model, inputs, shapes, threads, runs, warmup, profile, json } => {
             run::bench(&model, &inputs, &shapes, run::BenchOptions { threads, runs, warmup, profile, json })
         }

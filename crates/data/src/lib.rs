@@ -1,11 +1,13 @@
 //! Tensor files: NumPy `.npy` arrays and `.npz` archives, read into and written from
-//! [`qforge_ir::Tensor`].
+//! [`qforge_ir::Tensor`], and calibration data sets built from them ([`CalibrationSet`]).
 
+mod calib;
 mod npy;
 mod npz;
 
 pub use npy::{read_npy, read_npy_bytes, write_npy, npy_bytes};
 pub use npz::{read_npz, write_npz};
+pub use calib::{sanitize, CalibrationSet, ModelInput};
 
 use std::path::PathBuf;
 
@@ -18,6 +20,14 @@ pub enum DataError {
     BadNpy { path: PathBuf, reason: String },
     #[error("{path}: not a valid .npz archive: {reason}")]
     BadNpz { path: PathBuf, reason: String },
+    /// A calibration data set that cannot be used; `reason` says what is wrong and what to do.
+    #[error("{path}: calibration data{}: {reason}", location(.sample, .input))]
+    Calibration { path: PathBuf, sample: Option<String>, input: Option<String>, reason: String },
+}
+
+fn location(sample: &Option<String>, input: &Option<String>) -> String {
+    let s = sample.as_ref().map(|s| format!(", sample '{s}'")).unwrap_or_default();
+    s + &input.as_ref().map(|i| format!(", input '{i}'")).unwrap_or_default()
 }
 
 pub type DataResult<T> = Result<T, DataError>;

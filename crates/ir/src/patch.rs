@@ -19,6 +19,7 @@ pub struct Patch {
     new_nodes: Vec<Node>,
     removed: Vec<NodeId>,
     replacements: Vec<(ValueId, ValueId)>,
+    redirects: Vec<(NodeId, usize, ValueId)>,
     reserved: HashSet<String>,
 }
 
@@ -32,12 +33,13 @@ impl Patch {
             new_nodes: vec![],
             removed: vec![],
             replacements: vec![],
+            redirects: vec![],
             reserved: HashSet::new(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.new_values.is_empty() && self.new_nodes.is_empty() && self.removed.is_empty() && self.replacements.is_empty()
+        self.new_values.is_empty() && self.new_nodes.is_empty() && self.removed.is_empty() && self.replacements.is_empty() && self.redirects.is_empty()
     }
 
     /// A name starting with `prefix` that is free in `graph` and in this patch.
@@ -89,6 +91,12 @@ impl Patch {
     pub fn replace_uses(&mut self, old: ValueId, new: ValueId) {
         self.replacements.push((old, new));
     }
+
+    /// Makes input `index` of the existing node `node` read `new`; other readers of the value
+    /// it read are unaffected. Applied after [`Patch::replace_uses`].
+    pub fn redirect_input(&mut self, node: NodeId, index: usize, new: ValueId) {
+        self.redirects.push((node, index, new));
+    }
 }
 
 impl Graph {
@@ -120,6 +128,12 @@ impl Graph {
                 if self.is_output(*old) && (self.value(*new).is_ok_and(|n| n.kind() != ValueKind::NodeOutput)) {
                     return Err(reject(format!("graph output '{}' can only be replaced by a node output", v.name)));
                 }
+            }
+        }
+        for (node, index, new) in &patch.redirects {
+            let n = self.node(*node).map_err(|e| reject(e.to_string()))?;
+            if patch.removed.contains(node) || *index >= n.inputs.len() || !exists(*new) {
+                return Err(reject(format!("cannot redirect input {index} of node '{}'", n.name)));
             }
         }
         let produced: HashSet<ValueId> = patch.new_nodes.iter().flat_map(|n| n.outputs.iter().flatten().copied()).collect();
@@ -165,7 +179,7 @@ impl Graph {
         }
 
         // Validation passed: edit.
-        let Patch { new_values, new_nodes, removed, replacements, .. } = patch;
+        let Patch { new_values, new_nodes, removed, replacements, redirects, .. } = patch;
         let mut removed_outputs = vec![];
         for id in &removed {
             let node = self.remove_node_raw(*id);
@@ -200,6 +214,9 @@ impl Graph {
                 self.rename_value(old, spare)?;
                 self.rename_value(new, name)?;
             }
+        }
+        for (node, index, new) in redirects {
+            self.set_input_raw(node, index, new);
         }
         for v in removed_outputs {
             let val = self.value(v)?;

@@ -44,7 +44,22 @@ impl NodeAnnotation {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FloatReason {
     pub node: NodeId,
+    pub kind: FloatKind,
     pub reason: String,
+}
+
+/// The kinds of reasons a node stays in float.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FloatKind {
+    /// The user's configuration asks for float.
+    Requested,
+    /// The target has no quantized form of the op.
+    NotSupported,
+    /// The target supports the op, but not with the requested qconfig (`--strict` fails).
+    ConfigRejected,
+    /// Quantizing it alone would only add error (e.g. data movement between float ops).
+    NoBenefit,
 }
 
 /// Annotations of a whole graph, plus the nodes deliberately left in float with reasons.
@@ -69,9 +84,9 @@ impl Annotations {
         }
     }
     /// Records that `node` stays in float, unless a reason was already given.
-    pub fn keep_float(&mut self, node: NodeId, reason: impl Into<String>) {
+    pub fn keep_float(&mut self, node: NodeId, kind: FloatKind, reason: impl Into<String>) {
         if !self.float.iter().any(|f| f.node == node) {
-            self.float.push(FloatReason { node, reason: reason.into() });
+            self.float.push(FloatReason { node, kind, reason: reason.into() });
         }
     }
 }

@@ -7,15 +7,23 @@
 //! * [`pattern`]: graph patterns as data.
 //! * [`backend`]: BackendConfig, what a deployment target supports, as data.
 //! * [`qconfig`]: QConfig and QConfigMapping, what the user asks for per node.
+//! * [`quantizer`]: quantizers (annotation front ends); [`prepare`]: observation groups and
+//!   calibration hooks; [`convert`]: Q/DQ insertion; [`pipeline`]: the whole flow;
+//!   [`report`]: what was done.
 //! * [`passes`]: graph passes (one file each).
 
 pub mod annotation;
 pub mod backend;
+pub mod convert;
 pub mod observer;
 pub mod passes;
 pub mod pattern;
+pub mod pipeline;
+pub mod prepare;
 pub mod qconfig;
 pub mod qparams;
+pub mod quantizer;
+pub mod report;
 pub mod spec;
 
 pub use qparams::{Convention, QParams, QScheme, QType};

@@ -61,6 +61,18 @@ impl Pattern {
         }
     }
 
+    /// Position of the root in a match: the innermost op along first inputs (`Conv` in
+    /// `Relu(Conv)`, `Add` in `Relu(Add(*, Conv))`), which carries weight and bias inputs.
+    pub fn root_index(&self) -> usize {
+        match self {
+            Pattern::Op { inputs, .. } => match inputs.first() {
+                Some(first @ Pattern::Op { .. }) => 1 + first.root_index(),
+                _ => 0,
+            },
+            Pattern::Any => 0,
+        }
+    }
+
     /// The op types the anchor (outermost op) may have.
     pub fn anchor_ops(&self) -> &[String] {
         match self {
@@ -219,6 +231,9 @@ mod tests {
         let p = Pattern::parse("Relu(Add(*, Conv|ConvTranspose))").unwrap();
         assert_eq!(p.to_string(), "Relu(Add(*, Conv|ConvTranspose))");
         assert_eq!(p.size(), 3);
+        assert_eq!(p.root_index(), 1, "Add is the root of Relu(Add(*, Conv))");
+        assert_eq!(Pattern::parse("Relu(Conv)").unwrap().root_index(), 1);
+        assert_eq!(Pattern::parse("Conv").unwrap().root_index(), 0);
         assert_eq!(Pattern::sequence(&["Conv", "BatchNormalization", "Relu"]).unwrap().to_string(), "Relu(BatchNormalization(Conv))");
         assert!(Pattern::parse("Relu(").is_err());
         assert!(Pattern::parse("Relu) x").is_err());

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use qforge_ir::DType;
 
 /// Integer types a tensor can be quantized to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QType {
     U4,

@@ -11,12 +11,16 @@ pub struct ValueEvent<'a> {
     pub output: usize,
     pub value: ValueId,
     pub name: &'a str,
+    /// `(node, graph attribute)` steps from the main graph to the graph holding the value
+    /// (empty for the main graph); ids are those of the graph at each step.
+    pub path: &'a [(NodeId, &'static str)],
 }
 
-/// Called for every value of the main graph as it is produced (graph inputs first), with a
-/// borrowed view of the tensor. Returning `Some` replaces the value for every later reader and
-/// for the graph outputs; that is how fake quantization runs. Values inside subgraphs and
-/// constants folded when the session was planned are not reported.
+/// Called for every value as it is produced (graph inputs first), with a borrowed view of the
+/// tensor: values of the main graph, and values inside If/Loop bodies each time the body
+/// runs (with their graph's path). Returning `Some` replaces the value for every later reader
+/// and for the graph outputs; that is how fake quantization runs. Constants folded when the
+/// session was planned are not reported.
 pub trait Hooks: Send {
     fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor>;
 }

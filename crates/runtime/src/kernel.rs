@@ -56,6 +56,29 @@ pub struct RunCtx<'a> {
     /// Looks up a value visible from the node's graph by name: the graph's own values and
     /// those of enclosing graphs. Control-flow kernels hand it to their subgraphs.
     pub scope: &'a dyn Fn(&str) -> Option<Tensor>,
+    /// The run's hooks and the path of the node's graph, when the run has hooks.
+    /// Control-flow kernels extend the path and hand it to their subgraphs.
+    pub hooks: Option<HookSink<'a>>,
+}
+
+/// The run's hooks behind a lock, so kernels can hand them to subgraphs.
+pub(crate) trait ReportValue: Sync {
+    fn report(&self, event: &crate::ValueEvent, value: &Tensor) -> Option<Tensor>;
+}
+
+impl ReportValue for std::sync::Mutex<&mut dyn crate::Hooks> {
+    fn report(&self, event: &crate::ValueEvent, value: &Tensor) -> Option<Tensor> {
+        self.lock().unwrap_or_else(|p| p.into_inner()).on_value(event, value)
+    }
+}
+
+/// Hooks as seen from one (sub)graph: the run's hooks and the path from the main graph.
+#[derive(Clone, Copy)]
+pub struct HookSink<'a> {
+    pub(crate) hooks: &'a (dyn ReportValue + 'a),
+    /// `(node, graph attribute)` steps from the main graph down to this graph; empty for the
+    /// main graph.
+    pub path: &'a [(NodeId, &'static str)],
 }
 
 /// A planned operator instance.

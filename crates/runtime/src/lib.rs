@@ -15,6 +15,6 @@ mod session;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
 pub use hooks::{Hooks, ValueEvent};
-pub use kernel::{Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
+pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
 pub use plan::{Plan, StepTime};
 pub use session::{Session, SessionOptions};

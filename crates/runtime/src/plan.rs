@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use qforge_ir::{Dim, Graph, NodeId, OpsetImport, Tensor, ValueId, ValueKind, ValueType};
 
 use crate::hooks::{Hooks, ValueEvent};
-use crate::{Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult};
+use crate::{HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult};
 
 /// Ops whose outputs vary from run to run; never folded into constants.
 const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
@@ -109,7 +109,7 @@ impl Plan {
             if foldable {
                 let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.map(|v| &consts[&(v.0 as usize)])).collect();
                 let no_scope = |_: &str| None;
-                let outs = kernel.run(&ins, &RunCtx { scope: &no_scope }).map_err(|e| locate(e, &label, &node.op_type))?;
+                let outs = kernel.run(&ins, &RunCtx { scope: &no_scope, hooks: None }).map_err(|e| locate(e, &label, &node.op_type))?;
                 for (v, t) in node.outputs.iter().zip(outs) {
                     if let Some(v) = v {
                         consts.insert(v.0 as usize, t);
@@ -172,7 +172,23 @@ impl Plan {
     }
 
     /// [`Plan::run`], also recording each step's wall time in `profile` when given.
-    pub fn run_profiled(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, mut hooks: Option<&mut dyn Hooks>, mut profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
+    pub fn run_profiled(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
+        match hooks {
+            Some(h) => {
+                let lock = std::sync::Mutex::new(h);
+                self.run_in(feeds, scope, Some(HookSink { hooks: &lock, path: &[] }), profile)
+            }
+            None => self.run_in(feeds, scope, None, profile),
+        }
+    }
+
+    /// Runs the plan as a subgraph reached through `hooks.path` (or the main graph).
+    pub(crate) fn run_in(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>, mut profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
+        let report = |node: Option<NodeId>, output: usize, slot: usize, t: Tensor| -> Tensor {
+            let Some(sink) = hooks else { return t };
+            let ev = ValueEvent { node, output, value: self.value_ids[slot], name: &self.names[slot], path: sink.path };
+            sink.hooks.report(&ev, &t).unwrap_or(t)
+        };
         let mut table: Vec<Option<Tensor>> = vec![None; self.slots];
         for (slot, t) in &self.constants {
             table[*slot] = Some(t.clone());
@@ -181,14 +197,7 @@ impl Plan {
             let t = feeds.get_mut(i).and_then(|f| f.take()).or_else(|| input.default.clone())
                 .ok_or_else(|| RuntimeError::Input { input: input.name.clone(), reason: "is required but was not given".into() })?;
             check_input(input, &t)?;
-            let t = match hooks.as_deref_mut() {
-                Some(h) => {
-                    let ev = ValueEvent { node: None, output: i, value: self.value_ids[input.slot], name: &input.name };
-                    h.on_value(&ev, &t).unwrap_or(t)
-                }
-                None => t,
-            };
-            table[input.slot] = Some(t);
+            table[input.slot] = Some(report(None, i, input.slot, t));
         }
         for (name, slot) in &self.outers {
             table[*slot] = Some(scope(name).ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' reads '{name}' from an enclosing graph, which does not define it", self.graph)))?);
@@ -204,22 +213,14 @@ impl Plan {
                     Some(&s) => table[s].clone().or_else(|| scope(name)),
                     None => scope(name),
                 };
-                step.kernel.run(&ins, &RunCtx { scope: &lookup }).map_err(|e| locate(e, &step.label, &step.op))?
+                step.kernel.run(&ins, &RunCtx { scope: &lookup, hooks }).map_err(|e| locate(e, &step.label, &step.op))?
             };
             if outs.len() < step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
                 return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
             }
             for (k, (slot, t)) in step.outputs.iter().zip(outs).enumerate() {
                 let Some(slot) = slot else { continue };
-                let t = match hooks.as_deref_mut() {
-                    Some(h) => {
-                        let name = &self.names[*slot];
-                        let ev = ValueEvent { node: Some(step.node), output: k, value: self.value_ids[*slot], name };
-                        h.on_value(&ev, &t).unwrap_or(t)
-                    }
-                    None => t,
-                };
-                table[*slot] = Some(t);
+                table[*slot] = Some(report(Some(step.node), k, *slot, t));
             }
             for s in &step.free {
                 table[*s] = None;

@@ -44,3 +44,97 @@ impl AxisLayout {
         }
     }
 }
+
+use crate::spec::{ObserverKind, RangeMethod};
+
+/// The calibration statistic of one quantized activation, chosen by its spec's
+/// [`ObserverKind`]: it streams tensors in, merges with states of the same kind, and yields
+/// the range `[lo, hi]` the qparams are computed from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Observer {
+    MinMax(MinMax),
+    /// PyTorch's `MovingAverageMinMaxObserver`: `range = range + c * (sample_range - range)`
+    /// per observed tensor, in calibration order. Order-dependent, so it does not merge.
+    MovingAverage { averaging_constant: f32, min: f32, max: f32, seen: bool },
+    Histogram { histogram: Histogram, range: RangeMethod },
+}
+
+impl Observer {
+    /// A fresh per-tensor observer of a kind.
+    pub fn new(kind: &ObserverKind) -> Observer {
+        match *kind {
+            ObserverKind::MinMax => Observer::MinMax(MinMax::new(None)),
+            ObserverKind::MovingAverageMinMax { averaging_constant } => Observer::MovingAverage { averaging_constant, min: 0.0, max: 0.0, seen: false },
+            ObserverKind::Histogram { bins, range } => Observer::Histogram { histogram: Histogram::new(bins), range },
+        }
+    }
+
+    /// Adds one tensor's values.
+    pub fn observe(&mut self, data: &[f32]) {
+        match self {
+            Observer::MinMax(m) => m.observe(data, &[data.len()]).expect("a per-tensor observer takes any shape"),
+            Observer::MovingAverage { averaging_constant: c, min, max, seen } => {
+                let mut m = MinMax::new(None);
+                m.observe(data, &[data.len()]).expect("per tensor");
+                if let Some((lo, hi)) = m.range() {
+                    if *seen {
+                        *min += *c * (lo - *min);
+                        *max += *c * (hi - *max);
+                    } else {
+                        (*min, *max, *seen) = (lo, hi, true);
+                    }
+                }
+            }
+            Observer::Histogram { histogram, .. } => histogram.observe(data),
+        }
+    }
+
+    /// Combines another state of the same kind into this one.
+    pub fn merge(&mut self, other: &Observer) -> Result<(), String> {
+        match (self, other) {
+            (Observer::MinMax(a), Observer::MinMax(b)) => a.merge(b),
+            (Observer::Histogram { histogram: a, .. }, Observer::Histogram { histogram: b, .. }) => a.merge(b),
+            (Observer::MovingAverage { .. }, _) => Err("moving-average observers depend on sample order and cannot be merged".into()),
+            _ => Err("cannot merge observers of different kinds".into()),
+        }
+    }
+
+    /// The observed extremes, if any finite value was seen.
+    pub fn extremes(&self) -> Option<(f32, f32)> {
+        match self {
+            Observer::MinMax(m) => m.range(),
+            Observer::MovingAverage { min, max, seen, .. } => seen.then_some((*min, *max)),
+            Observer::Histogram { histogram: h, .. } => (h.min <= h.max).then_some((h.min, h.max)),
+        }
+    }
+
+    /// The range to quantize, for a target of `levels` integer levels: the extremes, or the
+    /// histogram's range search.
+    pub fn range(&self, levels: usize) -> Option<(f32, f32)> {
+        let (min, max) = self.extremes()?;
+        let Observer::Histogram { histogram: h, range } = self else { return Some((min, max)) };
+        let (counts, lo, hi) = h.uniform();
+        let bins = search::UniformBins { counts: &counts, min: lo, max: hi };
+        let (a, b) = match *range {
+            RangeMethod::MinMax => return Some((min, max)),
+            RangeMethod::Percentile { percentile } => search::percentile_range(&bins, percentile),
+            RangeMethod::L2 => search::l2_search(&bins, levels),
+            RangeMethod::Mse => search::mse_search(&bins, levels, 100),
+            RangeMethod::Entropy { quantized_bins } => {
+                let (sym, t) = search::symmetric_bins(h);
+                search::entropy_search(&sym, t, min as f64, max as f64, quantized_bins)
+            }
+        };
+        Some(((a as f32).max(min), (b as f32).min(max)))
+    }
+
+    /// Non-finite values seen (left out of the statistics).
+    pub fn nonfinite(&self) -> u64 {
+        match self {
+            Observer::MinMax(m) => m.nonfinite,
+            Observer::Histogram { histogram, .. } => histogram.nonfinite,
+            Observer::MovingAverage { .. } => 0,
+        }
+    }
+}

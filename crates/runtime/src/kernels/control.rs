@@ -1,10 +1,10 @@
 //! Control flow: If and Loop run their subgraphs, planned once, in the caller's scope.
 
-use qforge_ir::{Attr, Tensor};
+use qforge_ir::{Attr, NodeId, Tensor};
 
 use super::util::{input, opt_input};
 use crate::plan::Plan;
-use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
+use crate::{kernel_error, HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 
 /// Registers If and Loop.
 pub fn register(r: &mut Registry) {
@@ -27,23 +27,36 @@ fn scalar_bool(t: &Tensor, what: &str) -> RuntimeResult<bool> {
     }
 }
 
+/// Runs a subgraph of node `node` (held in attribute `attr`), extending the hooks' path.
+fn run_subgraph(plan: &Plan, feeds: Vec<Option<Tensor>>, ctx: &RunCtx, node: NodeId, attr: &'static str) -> RuntimeResult<Vec<Tensor>> {
+    match ctx.hooks {
+        Some(sink) => {
+            let path: Vec<(NodeId, &'static str)> = sink.path.iter().copied().chain([(node, attr)]).collect();
+            plan.run_in(feeds, ctx.scope, Some(HookSink { hooks: sink.hooks, path: &path }), None)
+        }
+        None => plan.run_in(feeds, ctx.scope, None, None),
+    }
+}
+
 struct If {
+    id: NodeId,
     then: Plan,
     otherwise: Plan,
 }
 
 impl Kernel for If {
     fn run(&self, ins: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
-        let branch = if scalar_bool(input(ins, 0)?, "the condition")? { &self.then } else { &self.otherwise };
-        branch.run(vec![], ctx.scope, None)
+        let (branch, attr) = if scalar_bool(input(ins, 0)?, "the condition")? { (&self.then, "then_branch") } else { (&self.otherwise, "else_branch") };
+        run_subgraph(branch, vec![], ctx, self.id, attr)
     }
 }
 
 fn if_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    Ok(Box::new(If { then: subgraph(info, "then_branch")?, otherwise: subgraph(info, "else_branch")? }))
+    Ok(Box::new(If { id: info.id, then: subgraph(info, "then_branch")?, otherwise: subgraph(info, "else_branch")? }))
 }
 
 struct Loop {
+    id: NodeId,
     body: Plan,
 }
 
@@ -73,7 +86,7 @@ impl Kernel for Loop {
         while cond && max.is_none_or(|m| i < m) {
             let mut feeds = vec![Some(Tensor::scalar(i)), Some(Tensor::from_bools(&[], &[cond]).unwrap())];
             feeds.extend(carried.iter().cloned().map(Some));
-            let outs = self.body.run(feeds, ctx.scope, None)?;
+            let outs = run_subgraph(&self.body, feeds, ctx, self.id, "body")?;
             if outs.len() < 1 + n {
                 return Err(kernel_error(format!("the loop body returned {} outputs, expected at least {}", outs.len(), 1 + n)));
             }
@@ -104,5 +117,5 @@ impl Kernel for Loop {
 }
 
 fn loop_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    Ok(Box::new(Loop { body: subgraph(info, "body")? }))
+    Ok(Box::new(Loop { id: info.id, body: subgraph(info, "body")? }))
 }

@@ -8,6 +8,7 @@ mod gemm;
 mod matmul;
 mod norm;
 mod pool;
+mod quantize;
 mod reduce;
 mod resize;
 mod rnn;
@@ -22,6 +23,7 @@ pub fn register_all(r: &mut crate::Registry) {
     matmul::register(r);
     norm::register(r);
     pool::register(r);
+    quantize::register(r);
     reduce::register(r);
     resize::register(r);
     rnn::register(r);

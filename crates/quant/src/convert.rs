@@ -1,0 +1,369 @@
+//! Convert: the calibrated plan becomes a reference QDQ model.
+//!
+//! * Each point (a value and integer type) gets `QuantizeLinear -> DequantizeLinear` with its
+//!   group's qparams. Readers whose input edge asks for that type, and every reader when the
+//!   producer's output is quantized, read the dequantized value; a graph output produced by a
+//!   quantized output is replaced by it (its name is kept). Other readers keep the float value.
+//! * Constant inputs (weights, constant activation inputs) are stored quantized and read
+//!   through `DequantizeLinear` (per tensor, per axis, or per block).
+//! * Bias of a weighted op is int32 with zero point 0 and `scale = input scale x weight scale`
+//!   (per channel when the weight is). When a bias value would not fit in int32 the weight's
+//!   scale for that channel is enlarged until it does, and the change is reported.
+
+use std::collections::BTreeMap;
+
+use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
+
+use crate::observer::AxisLayout;
+use crate::prepare::{edge_value, Group, QuantPlan};
+use crate::qparams::quantize;
+use crate::spec::{Derivation, Edge, Granularity, QuantizationSpec, Spec};
+use crate::{QParams, QType};
+
+/// The qparams of a calibrated group, or why it has none.
+pub fn group_qparams(g: &Group) -> Result<QParams, String> {
+    if let Some(why) = &g.unusable {
+        return Err(why.clone());
+    }
+    if let Some(f) = &g.fixed {
+        return Ok(QParams { scale: f.scale, zero_point: f.zero_point });
+    }
+    let (qmin, qmax) = g.spec.scheme.qrange();
+    let (lo, hi) = g.observer.range((qmax - qmin + 1) as usize).ok_or("no finite value reached it during calibration")?;
+    let q = g.spec.scheme.qparams(lo, hi);
+    match g.spec.scale_min {
+        Some(min) if q.scale < min => {
+            let f = min / q.scale;
+            Ok(g.spec.scheme.qparams(lo.min(0.0) * f, hi.max(0.0) * f))
+        }
+        _ => Ok(q),
+    }
+}
+
+/// A quantized constant: integer values with their qparams laid out for DequantizeLinear.
+#[derive(Debug, Clone)]
+struct QuantizedConst {
+    values: Vec<i64>,
+    shape: Vec<usize>,
+    params: Vec<QParams>,
+    /// Shape of the scale tensor (`[]` per tensor, `[C]` per axis, blocked shape per block).
+    param_shape: Vec<usize>,
+    qtype: QType,
+    axis: Option<usize>,
+    block_size: Option<usize>,
+}
+
+/// Index of the parameter of every element under a granularity, and the parameter shape.
+fn param_index(shape: &[usize], g: Granularity) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let n: usize = shape.iter().product();
+    match g {
+        Granularity::PerTensor => Ok((vec![0; n], vec![])),
+        Granularity::PerAxis { axis } => {
+            let l = AxisLayout::new(shape, Some(axis)).ok_or(format!("axis {axis} is out of range for shape {shape:?}"))?;
+            Ok(((0..n).map(|i| (i / l.inner) % l.channels).collect(), vec![l.channels]))
+        }
+        Granularity::PerBlock { axis, block_size } => {
+            let l = AxisLayout::new(shape, Some(axis)).ok_or(format!("axis {axis} is out of range for shape {shape:?}"))?;
+            let blocks = l.channels.div_ceil(block_size.max(1));
+            let mut ps = shape.to_vec();
+            ps[axis] = blocks;
+            Ok(((0..n).map(|i| {
+                let (o, c, k) = (i / (l.channels * l.inner), (i / l.inner) % l.channels, i % l.inner);
+                (o * blocks + c / block_size) * l.inner + k
+            }).collect(), ps))
+        }
+    }
+}
+
+/// Quantizes constant data under a spec, with parameters from each slice's min/max, or the
+/// given scales (same layout) when `scales` is set.
+fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales: Option<&[f32]>) -> Result<QuantizedConst, String> {
+    let (index, param_shape) = param_index(shape, spec.granularity)?;
+    let count: usize = param_shape.iter().product::<usize>().max(1);
+    let mut lo = vec![f32::INFINITY; count];
+    let mut hi = vec![f32::NEG_INFINITY; count];
+    for (&x, &p) in data.iter().zip(&index) {
+        if x.is_finite() {
+            lo[p] = lo[p].min(x);
+            hi[p] = hi[p].max(x);
+        }
+    }
+    let mut params: Vec<QParams> = (0..count).map(|p| if lo[p] <= hi[p] { spec.scheme.qparams(lo[p], hi[p]) } else { spec.scheme.qparams(0.0, 0.0) }).collect();
+    if let Some(s) = scales {
+        for (p, &s) in params.iter_mut().zip(s) {
+            p.scale = s;
+        }
+    }
+    let (qmin, qmax) = spec.scheme.qrange();
+    let values = data.iter().zip(&index).map(|(&x, &p)| quantize(x, params[p], qmin, qmax)).collect();
+    let (axis, block_size) = match spec.granularity {
+        Granularity::PerTensor => (None, None),
+        Granularity::PerAxis { axis } => (Some(axis), None),
+        Granularity::PerBlock { axis, block_size } => (Some(axis), Some(block_size)),
+    };
+    Ok(QuantizedConst { values, shape: shape.to_vec(), params, param_shape, qtype: spec.scheme.qtype, axis, block_size })
+}
+
+/// Integers as a tensor of a quantized type.
+pub fn int_tensor(qtype: QType, shape: &[usize], v: &[i64]) -> Tensor {
+    let r = match qtype {
+        QType::U8 => Tensor::from_vec(shape, v.iter().map(|&x| x as u8).collect::<Vec<u8>>()),
+        QType::S8 => Tensor::from_vec(shape, v.iter().map(|&x| x as i8).collect::<Vec<i8>>()),
+        QType::U16 => Tensor::from_vec(shape, v.iter().map(|&x| x as u16).collect::<Vec<u16>>()),
+        QType::S16 => Tensor::from_vec(shape, v.iter().map(|&x| x as i16).collect::<Vec<i16>>()),
+        QType::S32 => Tensor::from_vec(shape, v.iter().map(|&x| x as i32).collect::<Vec<i32>>()),
+        QType::U4 => Tensor::from_u4(shape, &v.iter().map(|&x| x as u8).collect::<Vec<u8>>()),
+        QType::S4 => Tensor::from_i4(shape, &v.iter().map(|&x| x as i8).collect::<Vec<i8>>()),
+    };
+    r.expect("the shape matches the values")
+}
+
+/// What convert did in one graph, for the report.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertLog {
+    /// Points given Q/DQ: (value name, group, qparams).
+    pub activations: Vec<(String, usize, QParams)>,
+    /// Points left float: (value name, reason).
+    pub skipped: Vec<(String, String)>,
+    /// Constants stored quantized: (value name, type, granularity, first scale).
+    pub constants: Vec<(String, QType, Granularity, usize)>,
+    /// Weights whose scale was enlarged so the bias fits int32: (weight, channels changed).
+    pub bias_adjusted: Vec<(String, usize)>,
+    /// The smallest default-domain opset the inserted nodes need.
+    pub min_opset: i64,
+}
+
+/// The opset a Q/DQ node of this type and granularity needs.
+fn opset_for(qtype: QType, axis: Option<usize>, block: Option<usize>) -> i64 {
+    match (qtype, axis, block) {
+        (QType::U16 | QType::S16 | QType::U4 | QType::S4, _, _) | (_, _, Some(_)) => 21,
+        (QType::S32, ..) | (_, Some(_), None) => 13,
+        _ => 10,
+    }
+}
+
+struct Emitter<'a> {
+    g: &'a Graph,
+    patch: Patch,
+    log: ConvertLog,
+}
+
+impl Emitter<'_> {
+    fn scalar_params(&mut self, base: &str, qtype: QType, p: QParams) -> (ValueId, ValueId) {
+        let s = self.patch.unique_name(self.g, &format!("{base}_scale"));
+        let z = self.patch.unique_name(self.g, &format!("{base}_zero_point"));
+        (self.patch.new_initializer(s, Tensor::scalar(p.scale)), self.patch.new_initializer(z, int_tensor(qtype, &[], &[p.zero_point])))
+    }
+
+    /// `v -> QuantizeLinear -> DequantizeLinear`; returns the dequantized value.
+    fn qdq(&mut self, v: ValueId, qtype: QType, p: QParams) -> ValueId {
+        let base = self.g.value_name(v);
+        let (s, z) = self.scalar_params(&base, qtype, p);
+        let qn = self.patch.unique_name(self.g, &format!("{base}_QuantizeLinear_Output"));
+        let q = self.patch.new_value(qn, None);
+        let dn = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear_Output"));
+        let d = self.patch.new_value(dn, None);
+        let qname = self.patch.unique_name(self.g, &format!("{base}_QuantizeLinear"));
+        let dname = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear"));
+        self.patch.add_node(Node::new("QuantizeLinear", qname).with_inputs([v, s, z]).with_outputs([q]));
+        self.patch.add_node(Node::new("DequantizeLinear", dname).with_inputs([q, s, z]).with_outputs([d]));
+        self.log.min_opset = self.log.min_opset.max(opset_for(qtype, None, None));
+        d
+    }
+
+    /// A quantized initializer read through DequantizeLinear; returns the dequantized value.
+    fn constant(&mut self, v: ValueId, c: &QuantizedConst) -> ValueId {
+        let base = self.g.value_name(v);
+        let qn = self.patch.unique_name(self.g, &format!("{base}_quantized"));
+        let q = self.patch.new_initializer(qn, int_tensor(c.qtype, &c.shape, &c.values));
+        let sn = self.patch.unique_name(self.g, &format!("{base}_scale"));
+        let zn = self.patch.unique_name(self.g, &format!("{base}_zero_point"));
+        let scales: Vec<f32> = c.params.iter().map(|p| p.scale).collect();
+        let zps: Vec<i64> = c.params.iter().map(|p| p.zero_point).collect();
+        let s = self.patch.new_initializer(sn, Tensor::from_vec(&c.param_shape, scales).expect("shape"));
+        let z = self.patch.new_initializer(zn, int_tensor(c.qtype, &c.param_shape, &zps));
+        let dn = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear_Output"));
+        let d = self.patch.new_value(dn, None);
+        let name = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear"));
+        let mut node = Node::new("DequantizeLinear", name).with_inputs([q, s, z]).with_outputs([d]);
+        if let Some(axis) = c.axis {
+            node = node.with_attr("axis", Attr::Int(axis as i64));
+        }
+        if let Some(b) = c.block_size {
+            node = node.with_attr("block_size", Attr::Int(b as i64));
+        }
+        self.patch.add_node(node);
+        self.log.min_opset = self.log.min_opset.max(opset_for(c.qtype, c.axis, c.block_size));
+        d
+    }
+}
+
+/// The float data of a constant value.
+fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
+    let t = g.value(v).ok()?.initializer()?;
+    Some((t.as_slice::<f32>().ok()?.to_vec(), t.shape().to_vec()))
+}
+
+/// Inserts the Q/DQ of graph `gi` of `plan` into `g` (the graph at that plan's path), with
+/// the qparams of every group (`Err`: the group stays float, with the reason).
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>]) -> Result<ConvertLog, String> {
+    let gp = &plan.graphs[gi];
+    let a = &gp.annotations;
+    let mut em = Emitter { g, patch: Patch::new(g, "convert"), log: ConvertLog { min_opset: 1, ..Default::default() } };
+    let resolved_qtype = |e: Edge| -> Option<QType> {
+        let mut e = e;
+        for _ in 0..64 {
+            match a.spec(e)? {
+                Spec::Shared(o) => e = *o,
+                Spec::Quantize(q) => return Some(q.scheme.qtype),
+                Spec::Fixed(f) => return Some(f.scheme.qtype),
+                Spec::Derived { .. } => return None,
+            }
+        }
+        None
+    };
+    // Activations.
+    let mut act_params: BTreeMap<(ValueId, QType), QParams> = BTreeMap::new();
+    for (&(v, qt), &gid) in &gp.points {
+        let name = g.value_name(v);
+        let p = match &params[gid] {
+            Ok(p) => *p,
+            Err(why) => {
+                em.log.skipped.push((name, why.clone()));
+                continue;
+            }
+        };
+        act_params.insert((v, qt), p);
+        let producer_quantized = g.producer(v).is_some_and(|(n, k)| resolved_qtype(Edge::Output { node: n, index: k }) == Some(qt));
+        let readers: Vec<(NodeId, usize)> = g.consumers(v).iter().copied().filter(|u| u.1 != CAPTURE_USE).filter(|&(n, i)| {
+            match resolved_qtype(Edge::Input { node: n, index: i }) {
+                Some(t) => t == qt,
+                None => producer_quantized && a.spec(Edge::Input { node: n, index: i }).is_none(),
+            }
+        }).collect();
+        if readers.is_empty() && !(producer_quantized && g.is_output(v)) {
+            continue;
+        }
+        let d = em.qdq(v, qt, p);
+        let all_readers = readers.len() == g.consumers(v).len();
+        if producer_quantized && g.is_output(v) && all_readers {
+            em.patch.replace_uses(v, d);
+        } else {
+            for (n, i) in readers {
+                em.patch.redirect_input(n, i, d);
+            }
+        }
+        em.log.activations.push((name, gid, p));
+    }
+    // Constants: weights first (bias scales depend on them), then biases.
+    let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
+    let mut biases: Vec<(NodeId, usize, Vec<Edge>)> = vec![];
+    for (&n, ann) in &a.nodes {
+        for (i, s) in ann.inputs.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let e = Edge::Input { node: n, index: i };
+            let Some(v) = edge_value(g, e) else { continue };
+            if !g.value(v).is_ok_and(|x| x.is_constant()) {
+                continue;
+            }
+            match s {
+                Spec::Quantize(spec) => {
+                    let Some((data, shape)) = const_data(g, v) else { continue };
+                    weights.insert((n, i), quantize_const(&data, &shape, spec, None).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?);
+                }
+                Spec::Derived { from, how: Derivation::BiasScale } => biases.push((n, i, from.clone())),
+                _ => {}
+            }
+        }
+    }
+    let mut bias_consts: Vec<((NodeId, usize), QuantizedConst)> = vec![];
+    for (n, i, from) in biases {
+        let (Some(x), Some(&Edge::Input { node: wn, index: wi })) = (from.first().and_then(|e| edge_value(g, *e)), from.get(1)) else { continue };
+        let x_qt = resolved_qtype(from[0]);
+        let Some(sx) = x_qt.and_then(|t| act_params.get(&(x, t))).map(|p| p.scale) else { continue };
+        let Some(w) = weights.get_mut(&(wn, wi)) else { continue };
+        if w.block_size.is_some() {
+            continue;
+        }
+        let Some(bv) = g.node(n).ok().and_then(|nd| nd.input(i)) else { continue };
+        let Some((bias, bshape)) = const_data(g, bv) else { continue };
+        let per_channel = w.params.len() > 1;
+        if per_channel && w.params.len() != bias.len() {
+            continue;
+        }
+        let limit = i32::MAX as f64;
+        let mut changed = 0;
+        let mut scales: Vec<f32> = w.params.iter().map(|p| p.scale).collect();
+        for (c, &b) in bias.iter().enumerate() {
+            let k = if per_channel { c } else { 0 };
+            if (b as f64 / (sx as f64 * scales[k] as f64)).abs() > limit {
+                scales[k] = ((b.abs() as f64 / (sx as f64 * limit)) * (1.0 + 1e-6)) as f32;
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            let wv = g.node(wn).ok().and_then(|nd| nd.input(wi)).expect("weight edge");
+            let (data, shape) = const_data(g, wv).expect("weights are float constants");
+            let spec = match a.spec(Edge::Input { node: wn, index: wi }) {
+                Some(Spec::Quantize(s)) => s.clone(),
+                _ => continue,
+            };
+            *w = quantize_const(&data, &shape, &spec, Some(&scales))?;
+            em.log.bias_adjusted.push((g.value_name(wv), changed));
+        }
+        let params: Vec<QParams> = w.params.iter().map(|p| QParams { scale: sx * p.scale, zero_point: 0 }).collect();
+        let values: Vec<i64> = bias.iter().enumerate().map(|(c, &b)| {
+            let p = params[if per_channel { c } else { 0 }];
+            quantize(b, p, i32::MIN as i64, i32::MAX as i64)
+        }).collect();
+        let param_shape = if per_channel { vec![params.len()] } else { vec![] };
+        bias_consts.push(((n, i), QuantizedConst { values, shape: bshape, params, param_shape, qtype: QType::S32, axis: per_channel.then_some(0), block_size: None }));
+    }
+    let mut emitted: BTreeMap<(ValueId, String), ValueId> = BTreeMap::new();
+    for ((n, i), c) in weights.into_iter().chain(bias_consts) {
+        let v = g.node(n).ok().and_then(|nd| nd.input(i)).expect("annotated input");
+        let key = (v, format!("{:?}{:?}{:?}", c.qtype, c.param_shape, c.params.iter().map(|p| (p.scale.to_bits(), p.zero_point)).collect::<Vec<_>>()));
+        let d = match emitted.get(&key) {
+            Some(&d) => d,
+            None => {
+                let d = em.constant(v, &c);
+                em.log.constants.push((g.value_name(v), c.qtype, granularity_of(&c), c.params.len()));
+                emitted.insert(key, d);
+                d
+            }
+        };
+        em.patch.redirect_input(n, i, d);
+    }
+    let Emitter { patch, log, .. } = em;
+    g.apply(patch).map_err(|e| e.to_string())?;
+    Ok(log)
+}
+
+fn granularity_of(c: &QuantizedConst) -> Granularity {
+    match (c.axis, c.block_size) {
+        (Some(axis), Some(block_size)) => Granularity::PerBlock { axis, block_size },
+        (Some(axis), None) => Granularity::PerAxis { axis },
+        _ => Granularity::PerTensor,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Convention, QScheme};
+
+    #[test]
+    fn per_axis_and_per_block_parameters() {
+        let data: Vec<f32> = (0..12).map(|i| i as f32 - 6.0).collect();
+        let scheme = QScheme::new(QType::S8, true, Convention::Ort);
+        let spec = |granularity| QuantizationSpec { scheme, granularity, observer: crate::spec::ObserverKind::MinMax, scale_min: None };
+        let c = quantize_const(&data, &[3, 4], &spec(Granularity::PerAxis { axis: 0 }), None).unwrap();
+        assert_eq!(c.param_shape, vec![3]);
+        assert_eq!(c.params[0].scale, 6.0 / 127.0);
+        assert_eq!(c.values[0], -127);
+        let b = quantize_const(&data, &[3, 4], &spec(Granularity::PerBlock { axis: 1, block_size: 3 }), None).unwrap();
+        assert_eq!(b.param_shape, vec![3, 2], "4 columns in blocks of 3 give 2 blocks");
+        // Row 0, block 1 holds only column 3 (value -3).
+        assert_eq!(b.params[1].scale, 3.0 / 127.0);
+    }
+}

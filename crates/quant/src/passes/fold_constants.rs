@@ -1,0 +1,60 @@
+use std::collections::HashMap;
+
+use qforge_ir::{Graph, OpsetImport, Patch, Tensor, CAPTURE_USE};
+use qforge_runtime::{NodeInfo, Registry, RunCtx};
+
+/// Ops whose outputs vary from run to run.
+const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+
+/// Replaces every node whose inputs are all constant initializers by initializers holding its
+/// outputs (same names), computed with the qforge runtime's kernels, so weights built from
+/// constants (`Reshape(W)`, `Transpose(W)`, `ConstantOfShape`) are quantized as weights.
+/// Nodes with subgraphs, random ops, nodes producing graph outputs or values read by
+/// subgraphs, and ops the runtime cannot run are kept. Returns the number of folded nodes.
+pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport]) -> Result<usize, String> {
+    let order = g.topo_order().map_err(|e| e.to_string())?;
+    let no_scope: HashMap<String, Tensor> = HashMap::new();
+    let mut folded = 0;
+    for id in order {
+        let node = g.node(id).map_err(|e| e.to_string())?.clone();
+        let constant = |v: &qforge_ir::ValueId| g.value(*v).is_ok_and(|x| x.is_constant());
+        if node.subgraphs().next().is_some() || !node.captures().is_empty() || NONDETERMINISTIC.contains(&node.op_type.as_str())
+            || !node.inputs.iter().flatten().all(constant)
+            || node.outputs.iter().flatten().any(|v| g.is_output(*v) || g.consumers(*v).iter().any(|u| u.1 == CAPTURE_USE))
+        {
+            continue;
+        }
+        let domain_version = opsets.iter().find(|o| o.domain == node.domain || (node.domain.is_empty() && o.domain == "ai.onnx")).map(|o| o.version).unwrap_or(21);
+        let Some(build) = Registry::builtin().lookup(&node.domain, &node.op_type, domain_version) else { continue };
+        let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.and_then(|v| g.value(v).ok()).and_then(|x| x.initializer())).collect();
+        let info = NodeInfo {
+            node: &node,
+            id,
+            graph: g,
+            opset: domain_version,
+            opsets,
+            scope_consts: &no_scope,
+            const_inputs: ins.clone(),
+            input_types: node.inputs.iter().map(|v| v.and_then(|v| g.value(v).ok()).and_then(|x| x.ty.as_ref())).collect(),
+        };
+        let Ok(kernel) = build(&info) else { continue };
+        let Ok(outs) = kernel.run(&ins, &RunCtx { scope: &|_| None, hooks: None }) else { continue };
+        let mut patch = Patch::new(g, "fold_constants");
+        let mut renames = vec![];
+        for (v, t) in node.outputs.iter().zip(outs) {
+            let Some(v) = v else { continue };
+            let name = g.value_name(*v);
+            let tmp = patch.unique_name(g, &format!("{name}_folded"));
+            let c = patch.new_initializer(tmp, t);
+            patch.replace_uses(*v, c);
+            renames.push((c, name));
+        }
+        patch.remove_node(id);
+        g.apply(patch).map_err(|e| e.to_string())?;
+        for (c, name) in renames {
+            g.rename_value(c, name).map_err(|e| e.to_string())?;
+        }
+        folded += 1;
+    }
+    Ok(folded)
+}

@@ -1,0 +1,259 @@
+//! Prepare: turn annotations into observation groups, and calibrate them.
+//!
+//! Every annotated activation edge names a value and an integer type. Following seed 000's
+//! observer insertion, edges are deduplicated to one *point* per (value, type) in each graph;
+//! points tied by shared specs are merged (union-find) into one [`Group`] with one observer and
+//! one set of qparams. The producer's output spec defines the group when it has one (so a
+//! fixed-qparams output wins over its readers' requests). Constant inputs are not observed:
+//! convert quantizes their data directly.
+//!
+//! Calibration runs the float model with [`qforge_runtime::Hooks`] that stream every watched
+//! value into its groups' observers. A value of a subgraph read from an enclosing graph is
+//! watched where it is defined.
+
+use std::collections::{BTreeMap, HashMap};
+
+use qforge_ir::{Attr, Graph, NodeId, Tensor, ValueId, ValueKind};
+use qforge_runtime::{Hooks, ValueEvent};
+
+use crate::annotation::Annotations;
+use crate::observer::Observer;
+use crate::spec::{Edge, FixedQParams, QuantizationSpec, Spec};
+use crate::QType;
+
+/// Steps `(node, graph attribute)` from the main graph to a subgraph; empty for the main graph.
+pub type GraphPath = Vec<(NodeId, String)>;
+
+/// Every graph of a model (the main graph first, then subgraphs depth-first) with its path.
+pub fn graphs(g: &Graph) -> Vec<(GraphPath, &Graph)> {
+    fn walk<'a>(g: &'a Graph, path: GraphPath, out: &mut Vec<(GraphPath, &'a Graph)>) {
+        out.push((path.clone(), g));
+        let mut nodes: Vec<_> = g.nodes().collect();
+        nodes.sort_by_key(|(id, _)| *id);
+        for (id, n) in nodes {
+            for a in &n.attrs {
+                if let Attr::Graph(sub) = &a.value {
+                    let mut p = path.clone();
+                    p.push((id, a.name.clone()));
+                    walk(sub, p, out);
+                }
+            }
+        }
+    }
+    let mut out = vec![];
+    walk(g, vec![], &mut out);
+    out
+}
+
+/// The subgraph at `path`, mutably.
+pub fn graph_at_mut<'a>(g: &'a mut Graph, path: &[(NodeId, String)]) -> Option<&'a mut Graph> {
+    let Some(((id, attr), rest)) = path.split_first() else { return Some(g) };
+    let attrs = g.node_attrs_mut(*id).ok()?;
+    let a = attrs.iter_mut().find(|a| a.name == *attr)?;
+    match &mut a.value {
+        Attr::Graph(sub) => graph_at_mut(sub, rest),
+        _ => None,
+    }
+}
+
+/// One observer and one set of qparams, shared by the values of its points.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub spec: QuantizationSpec,
+    pub fixed: Option<FixedQParams>,
+    /// `(graph index, value)` of each point.
+    pub points: Vec<(usize, ValueId)>,
+    pub observer: Observer,
+    /// Why the group cannot be quantized, found while calibrating (non-float data).
+    pub unusable: Option<String>,
+}
+
+/// A graph's annotations with its points.
+#[derive(Debug, Clone)]
+pub struct GraphPlan {
+    pub path: GraphPath,
+    pub annotations: Annotations,
+    /// `(value, integer type)` to group index.
+    pub points: BTreeMap<(ValueId, QType), usize>,
+}
+
+/// Annotations of all graphs of a model, prepared for calibration and conversion.
+#[derive(Debug, Clone)]
+pub struct QuantPlan {
+    pub graphs: Vec<GraphPlan>,
+    pub groups: Vec<Group>,
+    /// `(graph index, value)` where a value is produced, to the groups observing it.
+    watch: HashMap<(usize, ValueId), Vec<usize>>,
+}
+
+fn find(parent: &mut [usize], mut x: usize) -> usize {
+    while parent[x] != x {
+        parent[x] = parent[parent[x]];
+        x = parent[x];
+    }
+    x
+}
+
+/// The spec behind an edge, following shared specs.
+fn resolve<'a>(a: &'a Annotations, e: Edge, depth: usize) -> Option<&'a Spec> {
+    match a.spec(e)? {
+        Spec::Shared(other) if depth < 64 => resolve(a, *other, depth + 1),
+        s => Some(s),
+    }
+}
+
+fn qtype_of(s: &Spec) -> Option<QType> {
+    match s {
+        Spec::Quantize(q) => Some(q.scheme.qtype),
+        Spec::Fixed(f) => Some(f.scheme.qtype),
+        _ => None,
+    }
+}
+
+/// The value an edge carries.
+pub fn edge_value(g: &Graph, e: Edge) -> Option<ValueId> {
+    match e {
+        Edge::Input { node, index } => g.node(node).ok()?.input(index),
+        Edge::Output { node, index } => g.node(node).ok()?.output(index),
+    }
+}
+
+impl QuantPlan {
+    /// Builds groups from the annotations of every graph (`annotated[i]` belongs to
+    /// `graphs(model_graph)[i]`).
+    pub fn new(main: &Graph, annotated: Vec<Annotations>) -> QuantPlan {
+        let all = graphs(main);
+        // Points: (graph, value, type) with the spec that defines them and whether it is the producer's.
+        let mut ids: BTreeMap<(usize, ValueId, QType), usize> = BTreeMap::new();
+        let mut specs: Vec<(Spec, bool)> = vec![];
+        let mut unions: Vec<(usize, usize)> = vec![];
+        for (gi, ((_, g), a)) in all.iter().zip(&annotated).enumerate() {
+            let mut edges: Vec<(Edge, &Spec)> = vec![];
+            for (&n, ann) in &a.nodes {
+                for (i, s) in ann.inputs.iter().enumerate() {
+                    if let Some(s) = s {
+                        edges.push((Edge::Input { node: n, index: i }, s));
+                    }
+                }
+                for (k, s) in ann.outputs.iter().enumerate() {
+                    if let Some(s) = s {
+                        edges.push((Edge::Output { node: n, index: k }, s));
+                    }
+                }
+            }
+            let point = |e: Edge, ids: &mut BTreeMap<_, usize>, specs: &mut Vec<(Spec, bool)>| -> Option<usize> {
+                let v = edge_value(g, e)?;
+                if g.value(v).ok()?.is_constant() {
+                    return None;
+                }
+                let spec = resolve(a, e, 0)?;
+                let qt = qtype_of(spec)?;
+                let is_output = matches!(e, Edge::Output { .. });
+                let id = *ids.entry((gi, v, qt)).or_insert_with(|| {
+                    specs.push((spec.clone(), is_output));
+                    specs.len() - 1
+                });
+                if is_output && !specs[id].1 {
+                    specs[id] = (spec.clone(), true);
+                }
+                Some(id)
+            };
+            for (e, s) in edges {
+                let Some(p) = point(e, &mut ids, &mut specs) else { continue };
+                if let Spec::Shared(other) = s {
+                    if let Some(q) = point(*other, &mut ids, &mut specs) {
+                        unions.push((p, q));
+                    }
+                }
+            }
+        }
+        let mut parent: Vec<usize> = (0..specs.len()).collect();
+        for (a, b) in unions {
+            let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+            if ra != rb {
+                // The root keeps a producer-defined spec when either side has one.
+                let (keep, drop) = if specs[rb].1 && !specs[ra].1 { (rb, ra) } else { (ra, rb) };
+                parent[drop] = keep;
+            }
+        }
+        let mut group_of_root: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut groups: Vec<Group> = vec![];
+        let mut plans: Vec<GraphPlan> = all.iter().zip(annotated).map(|((path, _), a)| GraphPlan { path: path.clone(), annotations: a, points: BTreeMap::new() }).collect();
+        for (&(gi, v, qt), &p) in &ids {
+            let root = find(&mut parent, p);
+            let gid = *group_of_root.entry(root).or_insert_with(|| {
+                let (spec, fixed) = match &specs[root].0 {
+                    Spec::Quantize(q) => (q.clone(), None),
+                    Spec::Fixed(f) => (QuantizationSpec { scheme: f.scheme, granularity: crate::spec::Granularity::PerTensor, observer: crate::spec::ObserverKind::MinMax, scale_min: None }, Some(f.clone())),
+                    _ => unreachable!("points are made from quantize and fixed specs"),
+                };
+                groups.push(Group { observer: Observer::new(&spec.observer), spec, fixed, points: vec![], unusable: None });
+                groups.len() - 1
+            });
+            if let Spec::Fixed(f) = &specs[p].0 {
+                groups[gid].fixed.get_or_insert_with(|| f.clone());
+            }
+            groups[gid].points.push((gi, v));
+            plans[gi].points.insert((v, qt), gid);
+        }
+        // Watch each point where its value is produced.
+        let mut watch: HashMap<(usize, ValueId), Vec<usize>> = HashMap::new();
+        for (gid, grp) in groups.iter().enumerate() {
+            for &(gi, v) in &grp.points {
+                if let Some(at) = defining_value(&all, gi, v) {
+                    let e = watch.entry(at).or_default();
+                    if !e.contains(&gid) {
+                        e.push(gid);
+                    }
+                }
+            }
+        }
+        QuantPlan { graphs: plans, groups, watch }
+    }
+
+    /// Hooks that stream watched values into the observers.
+    pub fn calibrator(&mut self) -> Calibrator<'_> {
+        Calibrator { plan: self }
+    }
+
+    /// The graph index of a hook event's path.
+    fn graph_index(&self, path: &[(NodeId, &str)]) -> Option<usize> {
+        self.graphs.iter().position(|g| g.path.len() == path.len() && g.path.iter().zip(path).all(|(a, b)| a.0 == b.0 && a.1 == b.1))
+    }
+}
+
+/// Where a value of graph `gi` is produced: itself, or for an outer value the defining value
+/// of an enclosing graph.
+fn defining_value(all: &[(GraphPath, &Graph)], gi: usize, v: ValueId) -> Option<(usize, ValueId)> {
+    let (path, g) = &all[gi];
+    let val = g.value(v).ok()?;
+    if val.kind() != ValueKind::Outer {
+        return Some((gi, v));
+    }
+    let parent_path = &path[..path.len().checked_sub(1)?];
+    let pi = all.iter().position(|(p, _)| p.as_slice() == parent_path)?;
+    let pv = all[pi].1.value_by_name(&val.name)?;
+    defining_value(all, pi, pv)
+}
+
+/// Calibration hooks: each watched value is observed by its groups.
+pub struct Calibrator<'a> {
+    plan: &'a mut QuantPlan,
+}
+
+impl Hooks for Calibrator<'_> {
+    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
+        let gi = self.plan.graph_index(event.path)?;
+        let groups = self.plan.watch.get(&(gi, event.value))?;
+        for &gid in groups {
+            let g = &mut self.plan.groups[gid];
+            match value.as_slice::<f32>() {
+                Ok(data) => g.observer.observe(data),
+                Err(_) => {
+                    g.unusable.get_or_insert_with(|| format!("value '{}' holds {} data, not float32", event.name, value.dtype()));
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,261 @@
+//! Quantizers decide what each node's inputs and outputs are quantized to, as
+//! [`Annotations`]. Everything after annotation (prepare, calibrate, convert) is shared by
+//! every quantizer.
+//!
+//! [`ConfigQuantizer`] is the FX-style front end: a [`QConfigMapping`] says what the user
+//! wants per node, a [`BackendConfig`] says what the target supports, and the patterns of the
+//! backend are matched anchored at their last op, in reverse topological order, largest first.
+
+use std::collections::HashMap;
+
+use qforge_ir::{DType, Graph, Node, NodeId, ValueId};
+
+use crate::annotation::{Annotations, FloatKind, NodeAnnotation};
+use crate::backend::{BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType};
+use crate::qconfig::{QConfig, QConfigMapping, RangeName, TensorQConfig};
+use crate::spec::{Derivation, Edge, FixedQParams, Spec};
+
+/// A node annotation that breaks a target's rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub node: NodeId,
+    pub rule: String,
+    pub fix: String,
+}
+
+/// Decides the quantization of a graph.
+pub trait Quantizer {
+    /// Annotates the nodes of `g` to quantize; every node left in float is listed in
+    /// [`Annotations::float`] with the reason.
+    fn annotate(&self, g: &Graph) -> Annotations;
+
+    /// Checks annotations against the target's constraints.
+    fn validate(&self, _g: &Graph, _a: &Annotations) -> Vec<Violation> {
+        vec![]
+    }
+}
+
+/// The output-channel axis and the reduction (block) axis of a weight of rank `rank` read
+/// as input 1 of `node`: Conv `[M, C/g, k..]` (0, 1), ConvTranspose `[C, M/g, k..]` (1, 0),
+/// Gemm `[N, K]` with transB (0, 1) else (1, 0), MatMul `[.., K, N]` (last, last but one).
+pub fn weight_axes(node: &Node, rank: usize) -> (Option<usize>, Option<usize>) {
+    match node.op_type.as_str() {
+        "Conv" if rank >= 2 => (Some(0), Some(1)),
+        "ConvTranspose" if rank >= 2 => (Some(1), Some(0)),
+        "Gemm" if rank == 2 => if node.attr_int("transB").unwrap_or(0) != 0 { (Some(0), Some(1)) } else { (Some(1), Some(0)) },
+        "MatMul" if rank >= 2 => (Some(rank - 1), Some(rank - 2)),
+        _ => (None, None),
+    }
+}
+
+/// The QConfig a backend suggests: its first weighted dtype config's activation and weight
+/// dtypes and symmetry, per-channel weights when asked for and allowed, activations observed
+/// with `method`.
+pub fn default_qconfig(backend: &BackendConfig, method: RangeName, per_channel: bool) -> QConfig {
+    let weighted = backend.patterns.iter().flat_map(|p| &p.dtype_configs).filter_map(|n| backend.dtype_config(n))
+        .find(|d| d.weight.is_some() && d.input.is_some());
+    let first = backend.patterns.iter().flat_map(|p| &p.dtype_configs).filter_map(|n| backend.dtype_config(n)).find(|d| d.input.is_some());
+    let activation = weighted.or(first).and_then(|d| d.input.as_ref()).and_then(|c| {
+        let mut t = TensorQConfig::of(c.dtype.qtype()?);
+        t.symmetric = c.symmetric.unwrap_or(false);
+        t.range = method;
+        t.observer = if method == RangeName::Minmax { crate::qconfig::ObserverName::Minmax } else { crate::qconfig::ObserverName::Histogram };
+        Some(t)
+    });
+    let weight = weighted.and_then(|d| d.weight.as_ref()).and_then(|c| {
+        let mut t = TensorQConfig::of(c.dtype.qtype()?);
+        t.symmetric = c.symmetric.unwrap_or(true);
+        t.quant_range = match (c.quant_min_lower_bound, c.quant_max_upper_bound) {
+            (Some(lo), Some(hi)) => Some((lo, hi)),
+            _ => None,
+        };
+        let allows = |k| c.granularity.as_ref().is_none_or(|g| g.contains(&k));
+        t.per_channel = per_channel && allows(crate::backend::GranularityKind::PerChannel);
+        Some(t)
+    });
+    QConfig { activation, weight }
+}
+
+/// The FX-style quantizer: QConfigMapping (what the user wants) checked against a
+/// BackendConfig (what the target supports).
+pub struct ConfigQuantizer {
+    pub backend: BackendConfig,
+    pub mapping: QConfigMapping,
+}
+
+/// Whether `v` holds float data: its declared or inferred element type, or its constant's.
+fn is_float(g: &Graph, v: ValueId) -> bool {
+    let Ok(val) = g.value(v) else { return false };
+    if let Some(t) = val.initializer() {
+        return t.dtype() == DType::F32;
+    }
+    val.ty.as_ref().and_then(|t| t.elem()).is_none_or(|e| e == DType::F32)
+}
+
+impl ConfigQuantizer {
+    /// The annotations of a match's nodes under a dtype config, or why the config does not fit.
+    fn annotate_match(&self, g: &Graph, p: &BackendPatternConfig, matched: &[NodeId], dc: &DTypeConfig, q: &QConfig) -> Result<Vec<NodeAnnotation>, String> {
+        let conv = self.backend.convention;
+        let (Some(input_c), Some(act)) = (dc.input.as_ref(), q.activation.as_ref()) else {
+            return Err(if dc.input.is_none() { "the dtype config keeps inputs in float".into() } else { "the qconfig has no activation config".into() });
+        };
+        let mut act_spec = act.spec(conv, None, None);
+        act_spec.scale_min = input_c.scale_min_lower_bound;
+        if let Some(v) = input_c.violation(&act_spec) {
+            return Err(format!("activation: {v}"));
+        }
+        let root_pos = p.pattern.root_index().min(matched.len() - 1);
+        let root = matched[root_pos];
+        let root_node = g.node(root).map_err(|e| e.to_string())?;
+        let group: Vec<NodeId> = std::iter::once(root).chain(matched.iter().copied().filter(|&n| n != root)).collect();
+        let mut anns: Vec<NodeAnnotation> = matched.iter().map(|_| NodeAnnotation { group: group.clone(), ..Default::default() }).collect();
+        let internal = |v: ValueId| g.producer(v).is_some_and(|(n, _)| matched.contains(&n));
+        let mut first_activation: Option<Edge> = None;
+        for (pos, &n) in matched.iter().enumerate() {
+            let node = g.node(n).map_err(|e| e.to_string())?;
+            for (i, v) in node.inputs.iter().enumerate() {
+                let Some(v) = *v else { continue };
+                if internal(v) || !is_float(g, v) {
+                    continue;
+                }
+                let is_root = pos == root_pos;
+                if is_root && p.weight_inputs.contains(&i) {
+                    let Some(wq) = q.weight.as_ref() else { return Err("the qconfig has no weight config".into()) };
+                    let Some(wc) = dc.weight.as_ref() else { return Err("the dtype config keeps weights in float".into()) };
+                    let rank = g.value(v).ok().and_then(|x| x.initializer().map(|t| t.rank())).unwrap_or(2);
+                    let (ch, block) = weight_axes(root_node, rank);
+                    let spec = wq.spec(conv, ch, block);
+                    if let Some(why) = wc.violation(&spec) {
+                        return Err(format!("weight: {why}"));
+                    }
+                    anns[pos].set_input(i, Spec::Quantize(spec));
+                } else if is_root && p.bias_inputs.contains(&i) {
+                    if dc.bias.and_then(|b| b.qtype()) == Some(crate::QType::S32) && g.value(v).is_ok_and(|x| x.is_constant()) {
+                        let weight = p.weight_inputs.first().copied().unwrap_or(1);
+                        anns[pos].set_input(i, Spec::Derived { from: vec![Edge::Input { node: root, index: 0 }, Edge::Input { node: root, index: weight }], how: Derivation::BiasScale });
+                    }
+                } else if !is_root || p.activation_inputs.as_ref().is_none_or(|a| a.contains(&i)) {
+                    let edge = Edge::Input { node: n, index: i };
+                    let spec = match (p.observation, first_activation) {
+                        (ObservationType::OutputShareObserverWithInput, Some(first)) => Spec::Shared(first),
+                        _ => Spec::Quantize(act_spec.clone()),
+                    };
+                    first_activation.get_or_insert(edge);
+                    anns[pos].set_input(i, spec);
+                }
+            }
+        }
+        if first_activation.is_none() {
+            return Err("no float activation input to quantize".into());
+        }
+        let output = match (p.observation, dc.output.as_ref()) {
+            (ObservationType::InputOutputNotObserved, _) | (_, None) => None,
+            (ObservationType::OutputShareObserverWithInput, Some(_)) => Some(Spec::Shared(first_activation.unwrap())),
+            (ObservationType::OutputUseDifferentObserverAsInput, Some(c)) => {
+                let Some(qt) = c.dtype.qtype() else { return Err("output dtype".into()) };
+                if qt != act.dtype {
+                    return Err(format!("output: dtype {:?} is requested, the target takes {qt:?}", act.dtype));
+                }
+                match c.scale_exact_match {
+                    Some(scale) => Some(Spec::Fixed(FixedQParams { scheme: act_spec.scheme, scale, zero_point: c.zero_point_exact_match.unwrap_or(0) })),
+                    None => {
+                        let mut s = act_spec.clone();
+                        s.scale_min = c.scale_min_lower_bound;
+                        Some(Spec::Quantize(s))
+                    }
+                }
+            }
+        };
+        if let Some(spec) = output {
+            anns[0].set_output(0, spec);
+        }
+        Ok(anns)
+    }
+}
+
+impl Quantizer for ConfigQuantizer {
+    fn annotate(&self, g: &Graph) -> Annotations {
+        let mut out = Annotations::default();
+        let order = g.topo_order().unwrap_or_default();
+        let qconfigs = self.mapping.assign(g);
+        let mut taken: HashMap<NodeId, NodeId> = HashMap::new();
+        for &id in order.iter().rev() {
+            if taken.contains_key(&id) {
+                continue;
+            }
+            let node = g.node(id).expect("live node");
+            let (qc, level) = qconfigs.get(&id).cloned().unwrap_or((None, "global"));
+            let Some(qc) = qc else {
+                out.keep_float(id, FloatKind::Requested, format!("the qconfig mapping keeps it in float ({level})"));
+                continue;
+            };
+            let float_activation = node.inputs.iter().flatten().any(|&v| is_float(g, v) && !g.value(v).is_ok_and(|x| x.is_constant()));
+            if !float_activation {
+                out.keep_float(id, FloatKind::NoBenefit, "it reads no float activation (shape or index arithmetic, or constants only)");
+                continue;
+            }
+            let patterns = self.backend.patterns_for(&node.op_type);
+            if patterns.is_empty() || !(node.domain.is_empty() || node.domain == "ai.onnx") {
+                out.keep_float(id, FloatKind::NotSupported, format!("backend '{}' has no quantized pattern for {}", self.backend.name, node.qualified_op()));
+                continue;
+            }
+            let mut reasons = vec![];
+            let mut done = false;
+            for p in patterns {
+                let Some(matched) = p.pattern.match_at(g, id) else { continue };
+                if matched.iter().any(|n| taken.contains_key(n) || qconfigs.get(n).is_none_or(|q| q.0.is_none())) {
+                    continue;
+                }
+                for name in &p.dtype_configs {
+                    let dc = self.backend.dtype_config(name).expect("validated on load");
+                    match self.annotate_match(g, p, &matched, dc, &qc) {
+                        Ok(anns) => {
+                            for (&n, mut ann) in matched.iter().zip(anns) {
+                                ann.rule = format!("{} [{name}]", p.pattern);
+                                taken.insert(n, id);
+                                out.nodes.insert(n, ann);
+                            }
+                            done = true;
+                            break;
+                        }
+                        Err(why) => reasons.push(format!("{} [{name}]: {why}", p.pattern)),
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            if !done {
+                if reasons.is_empty() {
+                    out.keep_float(id, FloatKind::NotSupported, "no pattern of the backend matches here");
+                } else {
+                    out.keep_float(id, FloatKind::ConfigRejected, format!("the backend does not support the requested qconfig: {}", reasons.join("; ")));
+                }
+            }
+        }
+        drop_unquantized_data_movement(g, &order, &mut out);
+        out
+    }
+}
+
+/// Data-movement groups (an output that shares its input's observer) whose activation inputs
+/// are not all quantized by their producers stay in float: Q/DQ around them alone would only
+/// add error. Applied in topological order so chains of such ops fall back together.
+fn drop_unquantized_data_movement(g: &Graph, order: &[NodeId], a: &mut Annotations) {
+    for &id in order {
+        let Some(ann) = a.get(id) else { continue };
+        if !matches!(ann.output(0), Some(Spec::Shared(_))) || ann.group.len() != 1 {
+            continue;
+        }
+        let node = g.node(id).expect("live node");
+        let quantized_input = |i: usize| {
+            node.input(i).and_then(|v| g.producer(v)).is_some_and(|(p, k)| a.get(p).is_some_and(|pa| pa.output(k).is_some()))
+                || node.input(i).is_some_and(|v| g.value(v).is_ok_and(|x| x.is_constant()))
+        };
+        let ok = ann.inputs.iter().enumerate().filter(|(_, s)| s.is_some()).all(|(i, _)| quantized_input(i));
+        if !ok {
+            a.nodes.remove(&id);
+            a.keep_float(id, FloatKind::NoBenefit, "its input is not quantized by its producer; Q/DQ around data movement alone would only add error");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The quantization report: every node with whether it was quantized and why not, every
+//! quantized activation with its observed range and qparams, every quantized constant.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::annotation::FloatKind;
+use crate::convert::ConvertLog;
+use crate::prepare::QuantPlan;
+use crate::spec::Granularity;
+
+/// One node's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeRecord {
+    pub graph: String,
+    pub name: String,
+    pub op: String,
+    pub quantized: bool,
+    /// The backend pattern and dtype config that quantized it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FloatKind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One activation given Q/DQ.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActivationRecord {
+    pub graph: String,
+    pub value: String,
+    /// Values with the same group share one observer and one set of qparams.
+    pub group: usize,
+    pub dtype: String,
+    pub scale: f32,
+    pub zero_point: i64,
+    /// The observed extremes `[min, max]`.
+    pub observed: Option<(f32, f32)>,
+    /// The qparams are fixed by the target (e.g. Sigmoid's output).
+    pub fixed: bool,
+    /// NaN/Inf values seen during calibration (left out of the range).
+    pub nonfinite: u64,
+}
+
+/// One constant stored quantized.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConstantRecord {
+    pub graph: String,
+    pub value: String,
+    pub dtype: String,
+    pub granularity: Granularity,
+    /// Number of scales.
+    pub scales: usize,
+}
+
+/// What a quantization run did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub samples: usize,
+    pub batch_norms_folded: usize,
+    /// Default-domain opset before and after.
+    pub opset: (i64, i64),
+    pub calibration_seconds: f64,
+    pub total_seconds: f64,
+    pub nodes: Vec<NodeRecord>,
+    pub activations: Vec<ActivationRecord>,
+    /// Activations planned for Q/DQ but left float: (graph, value, reason).
+    pub skipped: Vec<(String, String, String)>,
+    pub constants: Vec<ConstantRecord>,
+    /// Weights whose scale was enlarged so their bias fits int32: (weight, channels).
+    pub bias_adjusted: Vec<(String, usize)>,
+}
+
+impl Report {
+    /// Adds what convert did in one graph.
+    pub fn add_log(&mut self, graph: &str, plan: &QuantPlan, log: &ConvertLog) {
+        for (value, gid, p) in &log.activations {
+            let grp = &plan.groups[*gid];
+            self.activations.push(ActivationRecord {
+                graph: graph.to_string(),
+                value: value.clone(),
+                group: *gid,
+                dtype: format!("{:?}", grp.spec.scheme.qtype).to_lowercase(),
+                scale: p.scale,
+                zero_point: p.zero_point,
+                observed: grp.observer.extremes(),
+                fixed: grp.fixed.is_some(),
+                nonfinite: grp.observer.nonfinite(),
+            });
+        }
+        self.skipped.extend(log.skipped.iter().map(|(v, why)| (graph.to_string(), v.clone(), why.clone())));
+        self.constants.extend(log.constants.iter().map(|(value, qtype, granularity, scales)| ConstantRecord {
+            graph: graph.to_string(),
+            value: value.clone(),
+            dtype: format!("{qtype:?}").to_lowercase(),
+            granularity: *granularity,
+            scales: *scales,
+        }));
+        self.bias_adjusted.extend(log.bias_adjusted.iter().cloned());
+    }
+
+    /// A summary for people: counts, float nodes grouped by op and reason, warnings.
+    pub fn summary(&self) -> String {
+        let q = self.nodes.iter().filter(|n| n.quantized).count();
+        let mut s = String::new();
+        let _ = writeln!(s, "quantized {q} of {} nodes; {} activations with Q/DQ, {} constants stored quantized", self.nodes.len(), self.activations.len(), self.constants.len());
+        let _ = writeln!(s, "calibration: {} samples in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization folded",
+            self.samples, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.batch_norms_folded);
+        let mut float: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for n in self.nodes.iter().filter(|n| !n.quantized) {
+            *float.entry((n.op.clone(), n.reason.clone().unwrap_or_default())).or_default() += 1;
+        }
+        if !float.is_empty() {
+            let _ = writeln!(s, "left in float:");
+            for ((op, why), count) in float {
+                let _ = writeln!(s, "  {count:>4} x {op}: {why}");
+            }
+        }
+        for (graph, value, why) in &self.skipped {
+            let _ = writeln!(s, "warning: '{value}' ({graph}) stays float: {why}");
+        }
+        for (w, c) in &self.bias_adjusted {
+            let _ = writeln!(s, "note: weight '{w}': scale enlarged on {c} channel(s) so the int32 bias does not overflow");
+        }
+        let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
+        if nonfinite > 0 {
+            let _ = writeln!(s, "warning: {nonfinite} NaN/Inf activation values were seen during calibration and left out of the ranges");
+        }
+        s
+    }
+}
