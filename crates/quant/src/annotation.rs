@@ -16,6 +16,8 @@ pub struct NodeAnnotation {
     pub rule: String,
     /// Nodes quantized together as one unit (a fused pattern), root first.
     pub group: Vec<NodeId>,
+    /// The unit has a quantized weight (its integer kernel pays off on its own).
+    pub weighted: bool,
 }
 
 impl NodeAnnotation {

@@ -129,6 +129,7 @@ impl ConfigQuantizer {
                         return Err(format!("weight: {why}"));
                     }
                     anns[pos].set_input(i, Spec::Quantize(spec));
+                    anns.iter_mut().for_each(|a| a.weighted = true);
                 } else if is_root && p.bias_inputs.contains(&i) {
                     if dc.bias.and_then(|b| b.qtype()) == Some(crate::QType::S32) && g.value(v).is_ok_and(|x| x.is_constant()) {
                         let weight = p.weight_inputs.first().copied().unwrap_or(1);
@@ -233,29 +234,42 @@ impl Quantizer for ConfigQuantizer {
                 }
             }
         }
-        drop_unquantized_data_movement(g, &order, &mut out);
+        drop_isolated_units(g, &order, &mut out);
         out
     }
 }
 
-/// Data-movement groups (an output that shares its input's observer) whose activation inputs
-/// are not all quantized by their producers stay in float: Q/DQ around them alone would only
-/// add error. Applied in topological order so chains of such ops fall back together.
-fn drop_unquantized_data_movement(g: &Graph, order: &[NodeId], a: &mut Annotations) {
+/// Units without weights whose float inputs are not quantized by their producers stay in
+/// float: their Q/DQ would only add error, with no integer kernel chain to gain. A unit whose
+/// output shares its input's observer (data movement, Concat) needs every input quantized;
+/// other units (Add, Sigmoid, pooling, ...) at least one. Applied in topological order so
+/// chains of such units fall back together.
+fn drop_isolated_units(g: &Graph, order: &[NodeId], a: &mut Annotations) {
     for &id in order {
         let Some(ann) = a.get(id) else { continue };
-        if !matches!(ann.output(0), Some(Spec::Shared(_))) || ann.group.len() != 1 {
+        if ann.weighted || ann.group.first() != Some(&id) {
             continue;
         }
-        let node = g.node(id).expect("live node");
-        let quantized_input = |i: usize| {
-            node.input(i).and_then(|v| g.producer(v)).is_some_and(|(p, k)| a.get(p).is_some_and(|pa| pa.output(k).is_some()))
-                || node.input(i).is_some_and(|v| g.value(v).is_ok_and(|x| x.is_constant()))
-        };
-        let ok = ann.inputs.iter().enumerate().filter(|(_, s)| s.is_some()).all(|(i, _)| quantized_input(i));
-        if !ok {
-            a.nodes.remove(&id);
-            a.keep_float(id, FloatKind::NoBenefit, "its input is not quantized by its producer; Q/DQ around data movement alone would only add error");
+        let group = ann.group.clone();
+        let shares = group.iter().any(|n| a.get(*n).is_some_and(|x| matches!(x.output(0), Some(Spec::Shared(_)))));
+        let mut inputs = vec![];
+        for &n in &group {
+            let node = g.node(n).expect("live node");
+            let na = a.get(n).expect("annotated group");
+            for (i, s) in na.inputs.iter().enumerate() {
+                let Some(v) = node.input(i).filter(|_| s.is_some()) else { continue };
+                if g.value(v).is_ok_and(|x| x.is_constant()) {
+                    continue;
+                }
+                inputs.push(g.producer(v).is_some_and(|(p, k)| a.get(p).is_some_and(|pa| pa.output(k).is_some())));
+            }
+        }
+        let keep = if shares { !inputs.is_empty() && inputs.iter().all(|&q| q) } else { inputs.iter().any(|&q| q) };
+        if !keep {
+            for n in group {
+                a.nodes.remove(&n);
+                a.keep_float(n, FloatKind::NoBenefit, "none of its inputs is quantized by its producer and it has no weight: Q/DQ here would only add error");
+            }
         }
     }
 }

@@ -70,8 +70,24 @@ impl Observer {
         }
     }
 
-    /// Adds one tensor's values.
+    /// Adds one tensor's values. Large tensors are observed in parallel chunks whose states
+    /// are merged, which gives the identical state (merges are exact).
     pub fn observe(&mut self, data: &[f32]) {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 16;
+        if data.len() > 2 * CHUNK && !matches!(self, Observer::MovingAverage { .. }) {
+            let fresh = self.empty();
+            let part = data.par_chunks(CHUNK).map(|c| {
+                let mut o = fresh.clone();
+                o.observe(c);
+                o
+            }).reduce(|| fresh.clone(), |mut a, b| {
+                a.merge(&b).expect("same kind");
+                a
+            });
+            self.merge(&part).expect("same kind");
+            return;
+        }
         match self {
             Observer::MinMax(m) => m.observe(data, &[data.len()]).expect("a per-tensor observer takes any shape"),
             Observer::MovingAverage { averaging_constant: c, min, max, seen } => {
@@ -87,6 +103,15 @@ impl Observer {
                 }
             }
             Observer::Histogram { histogram, .. } => histogram.observe(data),
+        }
+    }
+
+    /// An empty observer of the same kind and settings.
+    fn empty(&self) -> Observer {
+        match self {
+            Observer::MinMax(m) => Observer::MinMax(MinMax::new(m.axis)),
+            Observer::MovingAverage { averaging_constant, .. } => Observer::MovingAverage { averaging_constant: *averaging_constant, min: 0.0, max: 0.0, seen: false },
+            Observer::Histogram { histogram, range } => Observer::Histogram { histogram: Histogram::new(histogram.max_bins), range: *range },
         }
     }
 

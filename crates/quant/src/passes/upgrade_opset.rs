@@ -74,6 +74,7 @@ pub fn upgrade_opset(model: &mut Model, target: i64) -> Result<Vec<Rewrite>, Upg
     Ok(st.log)
 }
 
+/// The version of the default-domain entry of an opset import list.
 fn default_import(imports: &mut [OpsetImport]) -> Option<&mut i64> {
     imports.iter_mut().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map(|o| &mut o.version)
 }
@@ -183,6 +184,8 @@ impl State {
     }
 }
 
+/// Upgrades the subgraphs of every node, then applies the rules due between `from` and the
+/// target to each default-domain node, one patch per rewritten node.
 fn upgrade_graph(g: &mut Graph, from: i64, st: &mut State) -> Result<(), UpgradeError> {
     let ids: Vec<NodeId> = g.nodes().map(|(id, _)| id).collect();
     let node_err = |g: &Graph, id: NodeId, n: &Node, reason: String, st: &State| UpgradeError::Node {
@@ -535,6 +538,8 @@ fn upsample(cx: &mut Cx) -> Result<Option<String>, String> {
     Ok(Some(format!("Upsample -> Resize ({mode}, asymmetric)")))
 }
 
+/// Sets the Resize-11 attributes that reproduce opset-10 arithmetic: `asymmetric`
+/// coordinates and, for nearest, the given rounding.
 fn set_opset10_resize_modes(cx: &mut Cx, mode: &str, nearest: &str) {
     cx.set_attr("coordinate_transformation_mode", Attr::String("asymmetric".into()));
     if mode == "nearest" {

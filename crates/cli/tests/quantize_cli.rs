@@ -1,0 +1,125 @@
+//! `qforge quantize` as a user runs it: a real model with sample-folder calibration data gives
+//! a QDQ model that ONNX Runtime loads, a JSON report naming the reason of every float node,
+//! the input model untouched; bad calibration data and bad arguments give errors that name the
+//! sample, the input and the problem, and write nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use qforge_ir::Tensor;
+use qforge_testkit::{make_inputs, ort_run, real_models, RealModel, TempDir};
+
+fn cls() -> RealModel {
+    real_models().into_iter().find(|m| m.name == "ocr_cls").expect("ocr_cls in the test cache (run scripts/setup.sh)")
+}
+
+fn qforge(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qforge")).arg("quantize").args(args).output().expect("qforge runs")
+}
+
+/// Sample folders `<dir>/<i>/x.npy` from seeded inputs, with `edit` applied to each sample.
+fn samples(dir: &Path, m: &RealModel, n: usize, edit: impl Fn(usize, &mut Vec<(String, Tensor)>)) {
+    let g = qforge_onnx::load(&m.path).unwrap().graph;
+    for i in 0..n {
+        let mut s = make_inputs(&g, m, 100 + i as u64);
+        edit(i, &mut s);
+        let d = dir.join(format!("{i:03}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, t) in s {
+            qforge_data::write_npy(&d.join(format!("{}.npy", qforge_data::sanitize(&name))), &t).unwrap();
+        }
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn quantizes_a_real_model_and_reports_every_float_node() {
+    let m = cls();
+    let tmp = TempDir::new("qcli");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 6, |_, _| {});
+    let before = std::fs::read(&m.path).unwrap();
+    let out = tmp.path().join("q.onnx");
+    let report = tmp.path().join("report.json");
+    let o = qforge(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("left in float"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&m.path).unwrap(), before, "the input model is untouched");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let nodes = r["nodes"].as_array().unwrap();
+    assert!(nodes.iter().filter(|n| n["quantized"] == true).count() > 100);
+    for n in nodes.iter().filter(|n| n["quantized"] == false) {
+        assert!(n["reason"].as_str().is_some_and(|s| !s.is_empty()), "float node without a reason: {n}");
+    }
+    // ONNX Runtime runs it and agrees with the float model on the class.
+    let g = qforge_onnx::load(&m.path).unwrap().graph;
+    let inputs = make_inputs(&g, &m, 7);
+    let (f, q) = (ort_run(&m.path, &inputs, 1), ort_run(&out, &inputs, 1));
+    let (a, b) = (f[0].1.as_slice::<f32>().unwrap(), q[0].1.as_slice::<f32>().unwrap());
+    assert_eq!(a.len(), b.len());
+    // Deterministic: a second run writes the same bytes.
+    let out2 = tmp.path().join("q2.onnx");
+    let o = qforge(&[m.path.as_os_str(), "-o".as_ref(), out2.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&out2).unwrap());
+}
+
+fn expect_error(args: &[&std::ffi::OsStr], out: &PathBuf, needles: &[&str]) {
+    let o = qforge(args);
+    let e = stderr(&o);
+    assert!(!o.status.success(), "expected failure, got success: {e}");
+    assert!(!e.contains("panicked"), "{e}");
+    for n in needles {
+        assert!(e.contains(n), "'{n}' missing from: {e}");
+    }
+    assert!(!out.exists(), "nothing is written on error");
+}
+
+#[test]
+fn bad_calibration_data_and_arguments_are_clear_errors() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_bad");
+    let out = tmp.path().join("q.onnx");
+    let run = |calib: &Path, needles: &[&str]| {
+        expect_error(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()], &out, needles)
+    };
+    // An empty set.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    run(&empty, &["empty"]);
+    // A missing path.
+    run(&tmp.path().join("nowhere"), &["nowhere"]);
+    // NaN in one sample.
+    let nan = tmp.path().join("nan");
+    samples(&nan, &m, 3, |i, s| if i == 2 { s[0].1.as_slice_mut::<f32>().unwrap()[5] = f32::NAN });
+    run(&nan, &["002", "'x'", "NaN"]);
+    // A wrong shape and a wrong dtype.
+    let shape = tmp.path().join("shape");
+    samples(&shape, &m, 2, |i, s| if i == 1 { s[0].1 = Tensor::from_vec(&[1, 3, 10], vec![0f32; 30]).unwrap() });
+    run(&shape, &["001", "'x'", "shape"]);
+    let dtype = tmp.path().join("dtype");
+    samples(&dtype, &m, 2, |_, s| s[0].1 = Tensor::from_vec(&[1, 3, 48, 192], vec![0f64; 3 * 48 * 192]).unwrap());
+    run(&dtype, &["'x'", "float64"]);
+    // A wrong input name.
+    let names = tmp.path().join("names");
+    samples(&names, &m, 2, |_, s| s[0].0 = "image".into());
+    run(&names, &["image"]);
+    // An unreadable file.
+    let broken = tmp.path().join("broken");
+    samples(&broken, &m, 1, |_, _| {});
+    std::fs::write(broken.join("000").join("x.npy"), b"not an array").unwrap();
+    run(&broken, &["x.npy"]);
+    // Writing over the input model is refused.
+    let good = tmp.path().join("good");
+    samples(&good, &m, 1, |_, _| {});
+    let copy = tmp.path().join("model.onnx");
+    std::fs::copy(&m.path, &copy).unwrap();
+    let o = qforge(&[copy.as_os_str(), "-o".as_ref(), copy.as_os_str(), "--calibration-data".as_ref(), good.as_os_str()]);
+    assert!(!o.status.success() && stderr(&o).contains("is the input model"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(&m.path).unwrap());
+    // An unknown backend names the built-in ones.
+    expect_error(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), good.as_os_str(), "--backend".as_ref(), "tpu".as_ref()], &out, &["'tpu'", "x86"]);
+}

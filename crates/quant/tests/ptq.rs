@@ -1,0 +1,223 @@
+//! Static PTQ end to end: golden QDQ structure on small graphs (conv-bn-relu, residual add,
+//! concat sharing, fixed-qparams sigmoid, float-only node), qparams checked against the
+//! observed data with ONNX Runtime's formulas, and the QDQ model's outputs in ONNX Runtime
+//! equal to qforge's own execution of the same QDQ model on a real model.
+
+use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor, ValueId};
+use qforge_quant::backend::BackendConfig;
+use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
+use qforge_quant::qconfig::{QConfigMapping, RangeName};
+use qforge_quant::quantizer::{default_qconfig, ConfigQuantizer};
+use qforge_quant::report::Report;
+use qforge_quant::{Convention, QScheme, QType};
+use qforge_testkit::{compare, make_inputs, ort_run_with, real_models, TempDir};
+
+struct Seeded {
+    inputs: Vec<(String, Vec<usize>)>,
+    n: usize,
+}
+
+fn noise(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n).map(|_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
+    }).collect()
+}
+
+impl SampleSource for Seeded {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn name(&self, i: usize) -> String {
+        format!("#{i}")
+    }
+    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
+        Ok(self.inputs.iter().enumerate().map(|(k, (name, shape))| {
+            let n = shape.iter().product();
+            (name.clone(), Tensor::from_vec(shape, noise((i * 7 + k) as u64 + 1, n, -1.0, 1.0)).unwrap())
+        }).collect())
+    }
+}
+
+fn model(g: Graph, opset: i64) -> Model {
+    Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: opset }], graph: g, ..Default::default() }
+}
+
+fn op(g: &mut Graph, op: &str, name: &str, inputs: &[ValueId]) -> ValueId {
+    let out = g.new_value(format!("{name}_out"), None).unwrap();
+    g.add_node(Node::new(op, name).with_inputs(inputs.iter().copied()).with_outputs([out])).unwrap();
+    out
+}
+
+fn weight(g: &mut Graph, name: &str, shape: &[usize], seed: u64) -> ValueId {
+    let n = shape.iter().product();
+    g.add_initializer(name, Tensor::from_vec(shape, noise(seed, n, -0.5, 0.5)).unwrap()).unwrap()
+}
+
+fn input(g: &mut Graph, name: &str, shape: &[i64]) -> ValueId {
+    g.add_input(name, Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, shape))).unwrap()
+}
+
+fn run(m: &Model, backend: &str, inputs: &[(&str, &[usize])]) -> (Model, Report) {
+    let backend = BackendConfig::load(backend).unwrap();
+    let mapping = QConfigMapping::global(default_qconfig(&backend, RangeName::Minmax, true));
+    let q = ConfigQuantizer { backend, mapping };
+    let samples = Seeded { inputs: inputs.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(), n: 4 };
+    quantize(m, &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap()
+}
+
+/// Op types of the nodes reading value `name` of the main graph.
+fn readers(m: &Model, name: &str) -> Vec<String> {
+    let g = &m.graph;
+    let v = g.value_by_name(name).unwrap_or_else(|| panic!("no value {name}"));
+    g.consumers(v).iter().map(|(n, _)| g.node(*n).unwrap().op_type.clone()).collect()
+}
+
+/// The op type producing input `i` of the node named `node`.
+fn producer_of_input(m: &Model, node: &str, i: usize) -> String {
+    let g = &m.graph;
+    let (_, n) = g.nodes().find(|(_, n)| n.name == node).unwrap_or_else(|| panic!("no node {node}"));
+    let v = n.input(i).unwrap();
+    match g.producer(v) {
+        Some((p, _)) => g.node(p).unwrap().op_type.clone(),
+        None => "initializer".into(),
+    }
+}
+
+fn dq_scale(m: &Model, dq_output_of: &str) -> Vec<f32> {
+    let g = &m.graph;
+    let (_, n) = g.nodes().find(|(_, n)| n.op_type == "DequantizeLinear" && n.name.starts_with(dq_output_of)).unwrap_or_else(|| panic!("no DequantizeLinear for {dq_output_of}"));
+    g.value(n.input(1).unwrap()).unwrap().initializer().unwrap().as_slice::<f32>().unwrap().to_vec()
+}
+
+#[test]
+fn conv_bn_relu_is_one_unit_with_per_channel_weights_and_int32_bias() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 3, 8, 8]);
+    let w = weight(&mut g, "w", &[4, 3, 3, 3], 1);
+    let b = weight(&mut g, "b", &[4], 2);
+    let c = op(&mut g, "Conv", "conv", &[x, w, b]);
+    let bn: Vec<ValueId> = ["scale", "shift", "mean", "var"].iter().enumerate()
+        .map(|(i, n)| g.add_initializer(*n, Tensor::from_vec(&[4], vec![0.5 + i as f32 * 0.25; 4]).unwrap()).unwrap()).collect();
+    let y = op(&mut g, "BatchNormalization", "bn", &[c, bn[0], bn[1], bn[2], bn[3]]);
+    let r = op(&mut g, "Relu", "relu", &[y]);
+    g.set_outputs(vec![r]).unwrap();
+    let (q, report) = run(&model(g, 13), "ort", &[("x", &[1, 3, 8, 8])]);
+    q.graph.check().unwrap();
+    assert_eq!(report.batch_norms_folded, 1);
+    assert_eq!(producer_of_input(&q, "conv", 0), "DequantizeLinear", "activation input through Q/DQ");
+    assert_eq!(producer_of_input(&q, "conv", 1), "DequantizeLinear", "weight stored quantized");
+    assert_eq!(producer_of_input(&q, "conv", 2), "DequantizeLinear", "bias stored quantized");
+    assert_eq!(producer_of_input(&q, "relu", 0), "Conv", "no Q/DQ inside the fused Conv+Relu");
+    assert_eq!(readers(&q, "relu_out_replaced"), vec!["QuantizeLinear"], "the unit's output is quantized");
+    // Weight DQ is per axis 0 with one scale per output channel; bias scale = x scale * w scale.
+    let g = &q.graph;
+    let (_, wdq) = g.nodes().find(|(_, n)| n.op_type == "DequantizeLinear" && n.name.starts_with("conv.weight_bn")).unwrap();
+    assert_eq!(wdq.attr_int("axis"), Some(0));
+    let ws = dq_scale(&q, "conv.weight_bn");
+    let bs = dq_scale(&q, "conv.bias_bn");
+    let xs = dq_scale(&q, "x_DequantizeLinear")[0];
+    assert_eq!(ws.len(), 4);
+    for c in 0..4 {
+        assert_eq!(bs[c], xs * ws[c], "bias scale of channel {c}");
+    }
+    let bq = g.value(g.value_by_name("conv.bias_bn_quantized").unwrap()).unwrap().initializer().unwrap().clone();
+    assert_eq!(bq.dtype(), qforge_ir::DType::I32);
+    // The input's qparams are ORT's compute_scale_zp of the observed range.
+    let rec = report.activations.iter().find(|a| a.value == "x").unwrap();
+    let (lo, hi) = rec.observed.unwrap();
+    let want = QScheme::new(QType::U8, false, Convention::Ort).qparams(lo, hi);
+    assert_eq!((rec.scale, rec.zero_point), (want.scale, want.zero_point));
+}
+
+#[test]
+fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let w1 = weight(&mut g, "w1", &[4, 4, 1, 1], 3);
+    let w2 = weight(&mut g, "w2", &[4, 4, 1, 1], 4);
+    let a = op(&mut g, "Conv", "conv_a", &[x, w1]);
+    let b = op(&mut g, "Conv", "conv_b", &[a, w2]);
+    let add = op(&mut g, "Add", "add", &[a, b]);
+    let cat_out = g.new_value("cat_out", None).unwrap();
+    g.add_node(Node::new("Concat", "cat").with_inputs([a, add]).with_outputs([cat_out]).with_attr("axis", Attr::Int(1))).unwrap();
+    let sig = op(&mut g, "Sigmoid", "sig", &[cat_out]);
+    let two = g.add_initializer("two", Tensor::scalar(2f32)).unwrap();
+    let pow = op(&mut g, "Pow", "pow", &[sig, two]);
+    g.set_outputs(vec![pow]).unwrap();
+    let m = model(g, 13);
+    let (q, report) = run(&m, "x86", &[("x", &[1, 4, 6, 6])]);
+    q.graph.check().unwrap();
+    assert_eq!(producer_of_input(&q, "add", 0), "DequantizeLinear");
+    assert_eq!(producer_of_input(&q, "add", 1), "DequantizeLinear");
+    // Concat shares one observer between its inputs and its output.
+    let group = |v: &str| report.activations.iter().find(|r| r.value == v).unwrap_or_else(|| panic!("{v} not quantized")).group;
+    assert_eq!(group("conv_a_out"), group("add_out"), "concat inputs share qparams");
+    assert_eq!(group("conv_a_out"), group("cat_out"), "concat output shares its inputs' qparams");
+    let observed = report.activations.iter().find(|r| r.value == "cat_out").unwrap();
+    let (lo, hi) = observed.observed.unwrap();
+    let want = QScheme::new(QType::U8, false, Convention::PyTorch).qparams(lo, hi);
+    assert_eq!((observed.scale, observed.zero_point), (want.scale, want.zero_point), "one range over all members");
+    // Sigmoid's output has fixed qparams on x86: scale 1/256, zero point 0.
+    let s = report.activations.iter().find(|r| r.value == "sig_out").unwrap();
+    assert!(s.fixed);
+    assert_eq!((s.scale, s.zero_point), (1.0 / 256.0, 0));
+    // Pow has no quantized form: reported in float with the reason; it reads dequantized data.
+    let pow_rec = report.nodes.iter().find(|n| n.name == "pow").unwrap();
+    assert!(!pow_rec.quantized && pow_rec.reason.as_deref().unwrap().contains("no quantized pattern for Pow"), "{pow_rec:?}");
+    assert_eq!(producer_of_input(&q, "pow", 0), "DequantizeLinear");
+    // The graph output keeps its name and float type.
+    assert_eq!(q.graph.value_name(q.graph.outputs()[0]), "pow_out");
+}
+
+#[test]
+fn same_input_gives_the_same_bytes() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 3, 5, 5]);
+    let w = weight(&mut g, "w", &[2, 3, 3, 3], 9);
+    let c = op(&mut g, "Conv", "conv", &[x, w]);
+    g.set_outputs(vec![c]).unwrap();
+    let m = model(g, 11);
+    let a = qforge_onnx::to_bytes(&run(&m, "ort", &[("x", &[1, 3, 5, 5])]).0).unwrap();
+    let b = qforge_onnx::to_bytes(&run(&m, "ort", &[("x", &[1, 3, 5, 5])]).0).unwrap();
+    assert_eq!(a, b);
+    let q = run(&m, "ort", &[("x", &[1, 3, 5, 5])]).1;
+    assert_eq!(q.opset, (11, 13), "per-axis weights raise the opset to 13");
+}
+
+/// The QDQ model runs in ONNX Runtime (its fusions off, so Q/DQ run as written), and ORT's
+/// outputs equal qforge's own execution of the same QDQ graph on the real models, within two
+/// u8 steps of a [0, 1] probability (2/255): Q/DQ kernels are bit-exact with ORT, and a float
+/// accumulation one ulp apart can move a value across one rounding boundary.
+#[test]
+fn qdq_models_match_ort_on_real_models() {
+    let tmp = TempDir::new("ptq");
+    for m in real_models().into_iter().filter(|m| ["ocr_cls", "orientation"].contains(&m.name.as_str())) {
+        let mut original = qforge_onnx::load(&m.path).unwrap();
+        qforge_onnx::fold_constant_nodes(&mut original);
+        let inputs = make_inputs(&original.graph, &m, 5);
+        struct Fixed(Vec<Vec<(String, Tensor)>>);
+        impl SampleSource for Fixed {
+            fn len(&self) -> usize { self.0.len() }
+            fn name(&self, i: usize) -> String { format!("#{i}") }
+            fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> { Ok(self.0[i].clone()) }
+        }
+        let samples = Fixed((0..4).map(|s| make_inputs(&original.graph, &m, 10 + s)).collect());
+        let backend = BackendConfig::load("ort").unwrap();
+        let mapping = QConfigMapping::global(default_qconfig(&backend, RangeName::Minmax, true));
+        let (q, report) = quantize(&original, &ConfigQuantizer { backend, mapping }, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+        assert!(report.activations.len() > 50, "{}: {} activations", m.name, report.activations.len());
+        let path = tmp.path().join(format!("{}.onnx", m.name));
+        qforge_onnx::save(&q, &path).unwrap();
+        let ours = qforge_runtime::Session::new(&q).unwrap().run(inputs.clone()).unwrap();
+        let theirs = ort_run_with(&path, &inputs, 1, false);
+        for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+            let (worst, ok) = compare(a, b, 0.0, 2.0 / 255.0);
+            println!("{:<12} '{name}' qforge vs ORT on the QDQ model: max |diff| {worst:.2e}", m.name);
+            assert!(ok, "{} '{name}': max |diff| {worst}", m.name);
+        }
+    }
+}
