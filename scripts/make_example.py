@@ -3,7 +3,11 @@ Conv-Relu-MaxPool-Conv-Relu-GlobalAveragePool-Flatten-Gemm-Softmax on a 1x3x32x3
 with seeded random weights.
 
     python scripts/make_example.py examples/tiny_cnn.onnx
+
+It also writes examples/tiny_cnn_calib.npz beside the model: 8 seeded calibration images,
+stacked as x [8, 1, 3, 32, 32] (one sample per index).
 """
+import os
 import sys
 
 import numpy as np
@@ -36,3 +40,5 @@ model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], producer_nam
 model.ir_version = 8
 onnx.checker.check_model(model)
 onnx.save(model, sys.argv[1])
+calib = rng.uniform(-1, 1, size=(8, 1, 3, 32, 32)).astype(np.float32)
+np.savez(os.path.join(os.path.dirname(sys.argv[1]), "tiny_cnn_calib.npz"), x=calib)

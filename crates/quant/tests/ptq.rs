@@ -221,3 +221,50 @@ fn qdq_models_match_ort_on_real_models() {
         }
     }
 }
+
+/// The default config keeps a BERT-class encoder's sentence embeddings (cosine >= 0.99 against
+/// float, in ONNX Runtime): LayerNormalization, Softmax and the attention-mask arithmetic stay
+/// float because nothing quantized feeds them.
+#[test]
+fn transformer_embeddings_survive_default_quantization() {
+    let repo = qforge_testkit::repo();
+    let path = repo.join("models/bert_tiny.onnx");
+    let original = qforge_onnx::load(&path).unwrap();
+    let batch = qforge_data::read_npz(&repo.join("models/bert_tiny_inputs.npz")).unwrap();
+    let rows = batch[0].1.shape()[0];
+    struct Rows(Vec<(String, Tensor)>, usize);
+    impl SampleSource for Rows {
+        fn len(&self) -> usize { self.1 }
+        fn name(&self, i: usize) -> String { format!("row {i}") }
+        fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
+            Ok(self.0.iter().map(|(n, t)| {
+                let len = t.shape()[1];
+                let v = t.as_slice::<i64>().unwrap()[i * len..(i + 1) * len].to_vec();
+                (n.clone(), Tensor::from_vec(&[1, len], v).unwrap())
+            }).collect())
+        }
+    }
+    let backend = BackendConfig::load("ort").unwrap();
+    let mapping = QConfigMapping::global(default_qconfig(&backend, RangeName::Minmax, true));
+    let (q, report) = quantize(&original, &ConfigQuantizer { backend, mapping }, &Rows(batch.clone(), rows), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let quantized_matmuls = report.nodes.iter().filter(|n| n.quantized && n.op == "MatMul").count();
+    assert!(quantized_matmuls >= 8, "only {quantized_matmuls} MatMul quantized");
+    for n in report.nodes.iter().filter(|n| ["LayerNormalization", "Softmax"].contains(&n.op.as_str())) {
+        assert!(!n.quantized, "{} {} was quantized", n.op, n.name);
+    }
+    let tmp = TempDir::new("bertq");
+    let qpath = tmp.path().join("bert_q.onnx");
+    qforge_onnx::save(&q, &qpath).unwrap();
+    let (f, g) = (qforge_testkit::ort_run(&path, &batch, 1), qforge_testkit::ort_run(&qpath, &batch, 1));
+    let (_, fe) = f.iter().find(|(n, _)| n == "sentence_embedding").unwrap();
+    let (_, ge) = g.iter().find(|(n, _)| n == "sentence_embedding").unwrap();
+    let dim = fe.shape()[1];
+    let (a, b) = (fe.as_slice::<f32>().unwrap(), ge.as_slice::<f32>().unwrap());
+    for r in 0..rows {
+        let (x, y) = (&a[r * dim..(r + 1) * dim], &b[r * dim..(r + 1) * dim]);
+        let dot: f32 = x.iter().zip(y).map(|(p, q)| p * q).sum();
+        let cos = dot / (x.iter().map(|p| p * p).sum::<f32>().sqrt() * y.iter().map(|q| q * q).sum::<f32>().sqrt());
+        println!("bert_tiny sentence {r}: cosine {cos:.6}");
+        assert!(cos >= 0.99, "sentence {r}: cosine {cos}");
+    }
+}
