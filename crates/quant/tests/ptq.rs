@@ -268,3 +268,40 @@ fn transformer_embeddings_survive_default_quantization() {
         assert!(cos >= 0.99, "sentence {r}: cosine {cos}");
     }
 }
+
+/// If bodies are quantized: calibration sees values inside the branch that runs (including a
+/// value the branch reads from the main graph, observed where it is defined), Q/DQ is inserted
+/// inside the branch, and a branch calibration never reached stays float with the reason.
+#[test]
+fn if_branches_are_calibrated_and_quantized() {
+    let branch = |name: &str, seed: u64| {
+        let mut b = Graph::new(name);
+        let x = b.add_outer("x").unwrap();
+        let w = weight(&mut b, &format!("{name}_w"), &[2, 3, 1, 1], seed);
+        let c = op(&mut b, "Conv", &format!("{name}_conv"), &[x, w]);
+        let r = op(&mut b, "Relu", &format!("{name}_relu"), &[c]);
+        b.set_outputs(vec![r]).unwrap();
+        b
+    };
+    let mut g = Graph::new("g");
+    input(&mut g, "x", &[1, 3, 4, 4]);
+    let cond = g.add_initializer("cond", Tensor::from_bools(&[], &[true]).unwrap()).unwrap();
+    let out = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
+        .with_attr("then_branch", Attr::Graph(Box::new(branch("then", 11))))
+        .with_attr("else_branch", Attr::Graph(Box::new(branch("else", 12))))).unwrap();
+    g.set_outputs(vec![out]).unwrap();
+    let (q, report) = run(&model(g, 13), "ort", &[("x", &[1, 3, 4, 4])]);
+    q.graph.check().unwrap();
+    let (_, node) = q.graph.nodes().find(|(_, n)| n.op_type == "If").unwrap();
+    let then = node.attr("then_branch").and_then(|a| match a { Attr::Graph(b) => Some(b), _ => None }).unwrap();
+    let conv = then.nodes().find(|(_, n)| n.op_type == "Conv").unwrap().1;
+    for i in 0..2 {
+        let (p, _) = then.producer(conv.input(i).unwrap()).unwrap();
+        assert_eq!(then.node(p).unwrap().op_type, "DequantizeLinear", "then-branch Conv input {i}");
+    }
+    let x = report.activations.iter().find(|a| a.graph == "then" && a.value == "x").expect("outer x quantized inside the branch");
+    assert!(x.observed.is_some_and(|(lo, hi)| lo < 0.0 && hi > 0.0), "{x:?}");
+    assert!(report.activations.iter().any(|a| a.graph == "then" && a.value == "then_relu_out"));
+    assert!(report.skipped.iter().any(|(graph, _, why)| graph == "else" && why.contains("calibration")), "{:?}", report.skipped);
+}
