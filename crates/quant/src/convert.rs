@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
 use crate::observer::AxisLayout;
-use crate::prepare::{edge_value, Group, QuantPlan};
+use crate::prepare::{edge_value, qtype_of, resolve, Group, QuantPlan};
 use crate::qparams::quantize;
 use crate::spec::{Derivation, Edge, Granularity, QuantizationSpec, Spec};
 use crate::{QParams, QType};
@@ -210,18 +210,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
     let mut em = Emitter { g, patch: Patch::new(g, "convert"), log: ConvertLog { min_opset: 1, ..Default::default() } };
-    let resolved_qtype = |e: Edge| -> Option<QType> {
-        let mut e = e;
-        for _ in 0..64 {
-            match a.spec(e)? {
-                Spec::Shared(o) => e = *o,
-                Spec::Quantize(q) => return Some(q.scheme.qtype),
-                Spec::Fixed(f) => return Some(f.scheme.qtype),
-                Spec::Derived { .. } => return None,
-            }
-        }
-        None
-    };
+    let resolved_qtype = |e: Edge| resolve(a, e, 0).and_then(qtype_of);
     // Activations.
     let mut act_params: BTreeMap<(ValueId, QType), QParams> = BTreeMap::new();
     for (&(v, qt), &gid) in &gp.points {

@@ -95,14 +95,14 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 /// The spec behind an edge, following shared specs.
-fn resolve<'a>(a: &'a Annotations, e: Edge, depth: usize) -> Option<&'a Spec> {
+pub(crate) fn resolve<'a>(a: &'a Annotations, e: Edge, depth: usize) -> Option<&'a Spec> {
     match a.spec(e)? {
         Spec::Shared(other) if depth < 64 => resolve(a, *other, depth + 1),
         s => Some(s),
     }
 }
 
-fn qtype_of(s: &Spec) -> Option<QType> {
+pub(crate) fn qtype_of(s: &Spec) -> Option<QType> {
     match s {
         Spec::Quantize(q) => Some(q.scheme.qtype),
         Spec::Fixed(f) => Some(f.scheme.qtype),

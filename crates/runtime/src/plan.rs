@@ -8,7 +8,7 @@ use crate::hooks::{Hooks, ValueEvent};
 use crate::{HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult};
 
 /// Ops whose outputs vary from run to run; never folded into constants.
-const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+pub const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
 
 struct Step {
     node: NodeId,

@@ -1,10 +1,7 @@
 use std::collections::HashMap;
 
 use qforge_ir::{Graph, OpsetImport, Patch, Tensor, CAPTURE_USE};
-use qforge_runtime::{NodeInfo, Registry, RunCtx};
-
-/// Ops whose outputs vary from run to run.
-const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+use qforge_runtime::{NodeInfo, Registry, RunCtx, NONDETERMINISTIC};
 
 /// Replaces every node whose inputs are all constant initializers by initializers holding its
 /// outputs (same names), computed with the qforge runtime's kernels, so weights built from
