@@ -69,9 +69,10 @@ pub fn quantize(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSo
     m.graph.check().map_err(stage("fuse"))?;
     qforge_ir::infer::infer_model(&mut m);
     // Annotate.
-    let annotated: Vec<_> = graphs(&m.graph).iter().map(|(_, g)| quantizer.annotate(g)).collect();
+    let all = graphs(&m.graph);
+    let annotated: Vec<_> = all.iter().map(|(_, g)| quantizer.annotate(g)).collect();
     if opts.strict {
-        let rejected: Vec<String> = graphs(&m.graph).iter().zip(&annotated).flat_map(|((_, g), a)| {
+        let rejected: Vec<String> = all.iter().zip(&annotated).flat_map(|((_, g), a)| {
             a.float.iter().filter(|f| f.kind == FloatKind::ConfigRejected).map(|f| format!("{}: {}", g.node(f.node).map(|n| n.display_name(f.node)).unwrap_or_default(), f.reason)).collect::<Vec<_>>()
         }).collect();
         if let Some(first) = rejected.first() {
@@ -79,8 +80,8 @@ pub fn quantize(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSo
         }
     }
     let mut report = Report { samples: samples.len(), batch_norms_folded: folded, ..Default::default() };
-    let graph_names: Vec<String> = graphs(&m.graph).iter().map(|(_, g)| g.name.clone()).collect();
-    for (((_, g), a), gname) in graphs(&m.graph).iter().zip(&annotated).zip(&graph_names) {
+    let graph_names: Vec<String> = all.iter().map(|(_, g)| g.name.clone()).collect();
+    for (((_, g), a), gname) in all.iter().zip(&annotated).zip(&graph_names) {
         let record = |n: qforge_ir::NodeId| (g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.qualified_op()).unwrap_or_default());
         for (&n, ann) in &a.nodes {
             let (name, op) = record(n);

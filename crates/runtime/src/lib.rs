@@ -16,5 +16,5 @@ mod session;
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
 pub use hooks::{Hooks, ValueEvent};
 pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
-pub use plan::{Plan, StepTime, NONDETERMINISTIC};
+pub use plan::{opset_of, Plan, StepTime, NONDETERMINISTIC};
 pub use session::{Session, SessionOptions};

@@ -51,7 +51,9 @@ pub struct Plan {
     value_ids: Vec<ValueId>,
 }
 
-fn opset_of(opsets: &[OpsetImport], domain: &str) -> i64 {
+/// The version of `domain` the model imports (`""` and `"ai.onnx"` are one domain); the
+/// runtime's default when it imports none.
+pub fn opset_of(opsets: &[OpsetImport], domain: &str) -> i64 {
     let norm = |d: &str| if d == "ai.onnx" { String::new() } else { d.to_string() };
     opsets.iter().find(|o| norm(&o.domain) == norm(domain)).map(|o| o.version)
         .unwrap_or(if domain.is_empty() || domain == "ai.onnx" { 21 } else { 1 })

@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 
 use qforge_ir::{Graph, OpsetImport, Patch, Tensor, CAPTURE_USE};
-use qforge_runtime::{NodeInfo, Registry, RunCtx, NONDETERMINISTIC};
+use qforge_runtime::{opset_of, NodeInfo, Registry, RunCtx, NONDETERMINISTIC};
 
 /// Replaces every node whose inputs are all constant initializers by initializers holding its
 /// outputs (same names), computed with the qforge runtime's kernels, so weights built from
@@ -21,7 +21,7 @@ pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport]) -> Result<usize, St
         {
             continue;
         }
-        let domain_version = opsets.iter().find(|o| o.domain == node.domain || (node.domain.is_empty() && o.domain == "ai.onnx")).map(|o| o.version).unwrap_or(21);
+        let domain_version = opset_of(opsets, &node.domain);
         let Some(build) = Registry::builtin().lookup(&node.domain, &node.op_type, domain_version) else { continue };
         let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.and_then(|v| g.value(v).ok()).and_then(|x| x.initializer())).collect();
         let info = NodeInfo {
