@@ -1,8 +1,20 @@
 //! The `qforge` command-line tool.
 
+mod compare;
 mod inspect;
 mod quantize;
 mod run;
+mod samples;
+mod sensitivity;
+
+/// The runtime allocates and frees tensors of the same sizes on every run. mimalloc, told to
+/// wait before returning freed pages to the OS, reuses them across a run instead of taking a
+/// page fault per 4 KiB when they are touched again.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `mi_option_purge_delay` of `mimalloc.h` (v2, the version libmimalloc-sys builds), in ms.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 use std::path::PathBuf;
 
@@ -51,12 +63,26 @@ enum Command {
         /// manifest.json), one stacked .npz, or a folder of .npz files (one per sample).
         #[arg(long, value_name = "PATH")]
         calibration_data: PathBuf,
-        /// Target: a built-in backend (ort, x86, xnnpack, tensorrt) or a BackendConfig .toml file.
+        /// Target: a built-in backend (ort, x86, xnnpack, tensorrt), a BackendConfig .toml file,
+        /// or htp (Qualcomm Hexagon Tensor Processor rules, with --precision and --soc).
         #[arg(long, default_value = "ort")]
         backend: String,
-        /// A QConfigMapping .toml file (global, op_type, scope_regex, name, op_order sections).
+        /// A QConfigMapping .toml file (global, op_type, scope_regex, name, op_order sections);
+        /// with --backend htp, per-node precisions (op_type, scope_regex, name, op_order entries
+        /// with precision = "16a8w" or "float") and per-op rules ([rules] Op = "shared").
         #[arg(long)]
         config: Option<PathBuf>,
+        /// HTP precision (--backend htp): 8a8w (default), 16a8w, 16a16w, 16a4w, 8a4w or
+        /// 16a4w-block.
+        #[arg(long)]
+        precision: Option<String>,
+        /// HTP generation (v68, v69, v73, v75, v79) or chip (e.g. SM8550) to validate against
+        /// (--backend htp); the newest generation when absent.
+        #[arg(long)]
+        soc: Option<String>,
+        /// Input channels per weight block for block-wise 4-bit weights (16a4w-block; default 64).
+        #[arg(long)]
+        block_size: Option<usize>,
         /// Activation range: minmax, percentile, entropy, l2 or mse.
         #[arg(long, default_value = "minmax")]
         method: String,
@@ -72,7 +98,8 @@ enum Command {
         /// Write a JSON report: every node (quantized or why not), ranges and scales.
         #[arg(long, value_name = "FILE.json")]
         report: Option<PathBuf>,
-        /// Fail when the backend rejects a requested qconfig instead of keeping the node float.
+        /// Fail when the backend rejects a requested qconfig instead of keeping the node float,
+        /// or when a node breaks the target's rules (htp: the --soc generation's constraints).
         #[arg(long)]
         strict: bool,
         /// Worker threads (0 = all cores).
@@ -81,6 +108,84 @@ enum Command {
         /// Print a JSON summary on stdout instead of text on stderr.
         #[arg(long)]
         json: bool,
+        /// Highest default-domain opset the output may import. Below 21, 16- and 4-bit Q/DQ
+        /// are written as ONNX Runtime's com.microsoft QuantizeLinear/DequantizeLinear;
+        /// block-wise weights (opset 21 only) are then refused.
+        #[arg(long, value_name = "N")]
+        max_opset: Option<i64>,
+        /// Accuracy budget: after calibration, return the most sensitive groups to float until
+        /// every output's relative RMS error (sqrt(MSE)/RMS of the float output, over the
+        /// calibration samples) is at most E.
+        #[arg(long, value_name = "E")]
+        max_output_error: Option<f64>,
+        /// Accuracy budget: as --max-output-error, until every output's SQNR is at least DB.
+        #[arg(long, value_name = "DB")]
+        min_sqnr: Option<f64>,
+    },
+    /// Rank the observation groups and quantized weights by how much each alone moves the
+    /// outputs: SQNR and cosine of every output with only that group quantized, and with only
+    /// that group float.
+    Sensitivity {
+        model: PathBuf,
+        /// Calibration data, as for `quantize`.
+        #[arg(long, value_name = "PATH")]
+        calibration_data: PathBuf,
+        /// Evaluation samples (any layout --calibration-data takes); default: the calibration data.
+        #[arg(long, value_name = "PATH")]
+        data: Option<PathBuf>,
+        /// Target, as for `quantize`.
+        #[arg(long, default_value = "ort")]
+        backend: String,
+        /// A QConfigMapping .toml file, as for `quantize`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// HTP precision (--backend htp).
+        #[arg(long)]
+        precision: Option<String>,
+        /// HTP generation or chip (--backend htp).
+        #[arg(long)]
+        soc: Option<String>,
+        /// Input channels per weight block (16a4w-block).
+        #[arg(long)]
+        block_size: Option<usize>,
+        /// Activation range: minmax, percentile, entropy, l2 or mse.
+        #[arg(long, default_value = "minmax")]
+        method: String,
+        /// One weight scale per tensor.
+        #[arg(long)]
+        per_tensor: bool,
+        /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
+        #[arg(long, value_name = "NAME|REGEX")]
+        exclude: Vec<String>,
+        /// Print one JSON document on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Worker threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Evaluate on the first N samples only (calibration uses them all).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+    /// Compare a quantized model with its float original, tensor by tensor, on sample data:
+    /// SQNR, MSE, cosine and max error of every matched activation, graph output and weight.
+    Compare {
+        /// The float model.
+        float: PathBuf,
+        /// The QDQ model quantized from it.
+        quantized: PathBuf,
+        /// Sample data, in any layout --calibration-data of `quantize` takes.
+        #[arg(long, value_name = "PATH")]
+        data: PathBuf,
+        /// Print one JSON document on stdout instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Worker threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Compare on the first N samples only.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
     },
     /// Time a model: median latency over repeated runs on given or random inputs.
     Bench {
@@ -110,13 +215,22 @@ enum Command {
 }
 
 fn main() {
+    // SAFETY: sets a process-wide allocator option; it takes effect at the next purge. 5 s
+    // outlasts one model run, and memory still goes back to the OS between long phases.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 5000) };
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Inspect { model, json } => inspect::inspect(&model, json),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
-        Command::Quantize { model, output, calibration_data, backend, config, method, per_channel: _, per_tensor, exclude, report, strict, threads, json } => {
-            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, backend, config, method, per_tensor, exclude, report, strict, threads, json })
+        Command::Quantize { model, output, calibration_data, backend, config, precision, soc, block_size, method, per_channel: _, per_tensor, exclude, report, strict, threads, json, max_opset, max_output_error, min_sqnr } => {
+            let quantizer = quantize::QuantizerArgs { backend, config, precision, soc, block_size, method, per_tensor, exclude, quiet: json };
+            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr })
         }
+        Command::Sensitivity { model, calibration_data, data, backend, config, precision, soc, block_size, method, per_tensor, exclude, json, threads, limit } => {
+            let quantizer = quantize::QuantizerArgs { backend, config, precision, soc, block_size, method, per_tensor, exclude, quiet: json };
+            sensitivity::run(sensitivity::SensitivityArgs { model, calibration_data, data, quantizer, json, threads, limit })
+        }
+        Command::Compare { float, quantized, data, json, threads, limit } => compare::run(compare::CompareArgs { float, quantized, data, json, threads, limit }),
         Command::Bench { model, inputs, shapes, threads, runs, warmup, profile, json } => {
             run::bench(&model, &inputs, &shapes, run::BenchOptions { threads, runs, warmup, profile, json })
         }

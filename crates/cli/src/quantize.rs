@@ -1,58 +1,49 @@
 //! `qforge quantize`: static post-training quantization to a QDQ ONNX model.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use qforge_data::{CalibrationSet, ModelInput};
-use qforge_ir::{Dim, Model, Tensor};
+use qforge_data::CalibrationSet;
 use qforge_quant::backend::BackendConfig;
-use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
+use qforge_quant::pipeline::{quantize, QuantizeOptions};
+use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
-use qforge_quant::quantizer::{default_qconfig, ConfigQuantizer};
+use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
+use qforge_quant::quantizer::{default_mapping, default_qconfig, ConfigQuantizer, Quantizer};
+
+use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples};
 
 /// What `qforge quantize` was asked to do.
 pub struct QuantizeArgs {
     pub model: PathBuf,
     pub output: PathBuf,
     pub calibration_data: PathBuf,
-    pub backend: String,
-    pub config: Option<PathBuf>,
-    pub method: String,
-    pub per_tensor: bool,
-    pub exclude: Vec<String>,
+    pub quantizer: QuantizerArgs,
     pub report: Option<PathBuf>,
     pub strict: bool,
     pub threads: usize,
     pub json: bool,
+    /// Highest default-domain opset of the output (16/4-bit Q/DQ in com.microsoft below 21).
+    pub max_opset: Option<i64>,
+    /// Accuracy budget: the largest relative RMS error of any output.
+    pub max_output_error: Option<f64>,
+    /// Accuracy budget: the lowest SQNR (dB) of any output.
+    pub min_sqnr: Option<f64>,
 }
 
-struct Samples(CalibrationSet);
-
-impl SampleSource for Samples {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn name(&self, i: usize) -> String {
-        self.0.sample_name(i).to_string()
-    }
-    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        self.0.load(i).map_err(|e| e.to_string())
-    }
-}
-
-/// The model's inputs as the calibration loader checks them.
-fn model_inputs(m: &Model) -> Vec<ModelInput> {
-    let g = &m.graph;
-    g.inputs().iter().filter_map(|&v| g.value(v).ok()).map(|v| ModelInput {
-        name: v.name.clone(),
-        dtype: v.ty.as_ref().and_then(|t| t.elem()),
-        dims: v.ty.as_ref().and_then(|t| t.shape()).map(|s| s.iter().map(|d| match d {
-            Dim::Known(k) if *k >= 0 => Some(*k as usize),
-            _ => None,
-        }).collect()),
-        required: v.initializer().is_none(),
-    }).collect()
+/// How the quantizer is chosen (`--backend` and the options that go with it).
+pub struct QuantizerArgs {
+    pub backend: String,
+    pub config: Option<PathBuf>,
+    /// HTP precision, generation and block size (`--backend htp` only).
+    pub precision: Option<String>,
+    pub soc: Option<String>,
+    pub block_size: Option<usize>,
+    pub method: String,
+    pub per_tensor: bool,
+    pub exclude: Vec<String>,
+    /// Print nothing on stderr.
+    pub quiet: bool,
 }
 
 fn method(name: &str) -> Result<RangeName> {
@@ -67,18 +58,24 @@ fn method(name: &str) -> Result<RangeName> {
 }
 
 /// Builds the QConfigMapping: the config file's, or the backend's default, plus exclusions.
-fn mapping(args: &QuantizeArgs, backend: &BackendConfig) -> Result<QConfigMapping> {
+fn mapping(args: &QuantizerArgs, backend: &BackendConfig) -> Result<QConfigMapping> {
     let mut m = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --config {}", path.display()))?;
             QConfigMapping::from_toml(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?
         }
-        None => QConfigMapping::default(),
+        None => default_mapping(backend, method(&args.method)?, !args.per_tensor),
     };
     if m.global.is_none() {
         m.global = Some(default_qconfig(backend, method(&args.method)?, !args.per_tensor));
     }
-    for ex in &args.exclude {
+    exclude(&mut m, &args.exclude)?;
+    Ok(m)
+}
+
+/// Adds `--exclude` entries (a node, a scope, or a scope regex) to keep in float.
+fn exclude(m: &mut QConfigMapping, entries: &[String]) -> Result<()> {
+    for ex in entries {
         if ex.chars().any(|c| "^$*+?()[]{}|\\".contains(c)) {
             let re = regex::Regex::new(ex).with_context(|| format!("--exclude '{ex}' is not a valid regular expression"))?;
             m.scope_regex.push((re, None));
@@ -86,7 +83,45 @@ fn mapping(args: &QuantizeArgs, backend: &BackendConfig) -> Result<QConfigMappin
             m.name.push((ex.clone(), None));
         }
     }
-    Ok(m)
+    Ok(())
+}
+
+/// The HTP quantizer for `--backend htp`: `--precision` for every node, the `--config`
+/// overrides, `--exclude`, validated against `--soc`.
+fn htp_quantizer(args: &QuantizerArgs) -> Result<HtpQuantizer> {
+    if args.per_tensor {
+        bail!("--per-tensor is not available with --backend htp: HTP weights are per channel (or per block with 16a4w-block)");
+    }
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --config {}", path.display()))?;
+            Some(HtpConfig::from_toml(&text).with_context(|| format!("--config {}", path.display()))?)
+        }
+        None => None,
+    };
+    let options = HtpOptions {
+        precision: args.precision.as_deref().unwrap_or("8a8w").parse()?,
+        precision_options: PrecisionOptions { block_size: args.block_size.unwrap_or(PrecisionOptions::default().block_size), range: method(&args.method)? },
+        soc: args.soc.clone(),
+    };
+    let mut q = HtpQuantizer::new(&options, config.as_ref())?;
+    exclude(&mut q.mapping, &args.exclude)?;
+    if !args.quiet {
+        eprintln!("htp: precision {}, validated against {} ({})", options.precision, q.generation.name, q.generation.chips.join(", "));
+    }
+    Ok(q)
+}
+
+/// The quantizer `--backend` names.
+pub fn quantizer(args: &QuantizerArgs) -> Result<Box<dyn Quantizer>> {
+    if args.backend == "htp" {
+        return Ok(Box::new(htp_quantizer(args)?));
+    }
+    if args.precision.is_some() || args.soc.is_some() || args.block_size.is_some() {
+        bail!("--precision, --soc and --block-size need --backend htp");
+    }
+    let backend = BackendConfig::load(&args.backend)?;
+    Ok(Box::new(ConfigQuantizer { mapping: mapping(args, &backend)?, backend }))
 }
 
 pub fn run(args: QuantizeArgs) -> Result<()> {
@@ -96,26 +131,24 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     }
     let mut model = qforge_onnx::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
     qforge_onnx::fold_constant_nodes(&mut model);
-    let backend = BackendConfig::load(&args.backend)?;
-    let quantizer = ConfigQuantizer { mapping: mapping(&args, &backend)?, backend };
+    let quantizer = quantizer(&args.quantizer)?;
     let calib = CalibrationSet::open(&args.calibration_data, &model_inputs(&model))?;
-    let show = std::io::stderr().is_terminal() && !args.json;
-    let mut last_pct = 0;
-    let mut progress = |done: usize, total: usize| {
-        let pct = done * 100 / total;
-        if show {
-            eprint!("\rcalibrating: {done}/{total} samples");
-            if done == total {
-                eprintln!();
-            }
-        } else if !args.json && (pct / 25 > last_pct / 25 || done == total) {
-            eprintln!("calibrating: {done}/{total} samples");
+    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset };
+    let samples = CalibrationSamples(calib);
+    let (quantized, report) = match budget(&args)? {
+        Some(budget) => {
+            let mut analysis = unit_progress(args.json);
+            let quiet = args.json;
+            quantize_within_budget(&model, quantizer.as_ref(), &samples, &opts, &budget, &mut |p| match p {
+                BudgetProgress::Calibrated { samples } if !quiet => eprintln!("calibrated on {samples} samples; measuring every group for the accuracy budget"),
+                BudgetProgress::Analysis { sample, samples, unit, units } => analysis(sample, samples, unit, units),
+                BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: decision {step}, error {error:.4e}"),
+                _ => {}
+            }).with_context(|| format!("cannot quantize {}", args.model.display()))?
         }
-        last_pct = pct;
+        None => quantize(&model, quantizer.as_ref(), &samples, &opts, &mut progress("calibrating", args.json))
+            .with_context(|| format!("cannot quantize {}", args.model.display()))?,
     };
-    let opts = QuantizeOptions { threads: args.threads, strict: args.strict };
-    let (quantized, report) = quantize(&model, &quantizer, &Samples(calib), &opts, &mut progress)
-        .with_context(|| format!("cannot quantize {}", args.model.display()))?;
     qforge_onnx::save(&quantized, &args.output).with_context(|| format!("cannot write {}", args.output.display()))?;
     if let Some(path) = &args.report {
         let text = serde_json::to_string_pretty(&report)?;
@@ -127,13 +160,51 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "output": args.output, "nodes": report.nodes.len(), "quantized_nodes": q,
             "activations": report.activations.len(), "constants": report.constants.len(),
             "float": report.nodes.iter().filter(|n| !n.quantized).map(|n| serde_json::json!({"graph": n.graph, "node": n.name, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
+            "violations": report.violations,
+            "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
+                "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
+                "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,
+            })),
             "calibration_seconds": report.calibration_seconds, "total_seconds": report.total_seconds,
         }));
     } else {
         eprint!("{}", report.summary());
+        if let Some(b) = &report.accuracy_budget {
+            eprint!("{}", budget_summary(b));
+        }
         eprintln!("wrote {}", args.output.display());
     }
     Ok(())
+}
+
+/// The accuracy budget of `--max-output-error` and `--min-sqnr` (the stricter of the two:
+/// a relative RMS error `E` is an SQNR of `-20·log10(E)` dB).
+fn budget(args: &QuantizeArgs) -> Result<Option<Budget<'static>>> {
+    if args.max_output_error.is_some_and(|e| !(e > 0.0 && e.is_finite())) {
+        bail!("--max-output-error must be a positive number (a relative RMS error, e.g. 0.05)");
+    }
+    if args.min_sqnr.is_some_and(|d| !d.is_finite()) {
+        bail!("--min-sqnr must be a finite number of dB");
+    }
+    let from_sqnr = args.min_sqnr.map(|db| 10f64.powf(-db / 20.0));
+    Ok(match (args.max_output_error, from_sqnr) {
+        (None, None) => None,
+        (Some(a), Some(b)) => Some(Budget::relative_rms(a.min(b))),
+        (Some(e), None) | (None, Some(e)) => Some(Budget::relative_rms(e)),
+    })
+}
+
+/// The accuracy budget's decisions, for people.
+fn budget_summary(b: &BudgetOutcome) -> String {
+    let db = |e: f64| -20.0 * e.log10();
+    let mut s = format!("accuracy budget: {} <= {:.4e} ({:.2} dB): {:.4e} with every group quantized ({:.2} dB), {:.4e} ({:.2} dB) after {} decision(s); {} of {} groups float{}\n",
+        b.metric, b.max_error, db(b.max_error), b.error_all_quantized, db(b.error_all_quantized), b.error_final, db(b.error_final),
+        b.decisions.len(), b.units_float, b.units, if b.met { "" } else { "; NOT MET: every ranked group was tried" });
+    for d in &b.decisions {
+        s += &format!("  {} {} #{} [{}] ({}): {:.4e} -> {:.4e}\n", if d.kept_float { "float    " } else { "quantized" }, d.unit.kind, d.unit.id,
+            d.unit.values.join(", "), d.unit.ops.join(", "), d.error_before, d.error_with_unit_float);
+    }
+    s
 }
 
 /// Writes a file through a temporary file in the same folder and a rename.

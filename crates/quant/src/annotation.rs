@@ -62,6 +62,9 @@ pub enum FloatKind {
     ConfigRejected,
     /// Quantizing it alone would only add error (e.g. data movement between float ops).
     NoBenefit,
+    /// The accuracy budget returned one of its quantized inputs, outputs or weights to float
+    /// (an integer kernel needs all of them).
+    AccuracyBudget,
 }
 
 /// Annotations of a whole graph, plus the nodes deliberately left in float with reasons.

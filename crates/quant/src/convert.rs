@@ -131,6 +131,20 @@ pub struct ConvertLog {
     pub bias_adjusted: Vec<(String, usize)>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
+    /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
+    pub contrib: bool,
+    /// Every inserted `DequantizeLinear` output (value ids of the converted graph) with what
+    /// it stands for; a constant's output read by several edges is listed once per edge.
+    pub dequantized: Vec<(ValueId, Dequantized)>,
+}
+
+/// What an inserted `DequantizeLinear` output stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dequantized {
+    /// The fake-quantized value of a point of `group`; `float` is the `QuantizeLinear`'s input.
+    Activation { group: usize, float: ValueId },
+    /// The quantized constant read by input `input` of `node`; `float` is its float original.
+    Constant { node: NodeId, input: usize, float: ValueId },
 }
 
 /// The opset a Q/DQ node of this type and granularity needs.
@@ -146,6 +160,13 @@ struct Emitter<'a> {
     g: &'a Graph,
     patch: Patch,
     log: ConvertLog,
+    /// Write Q/DQ that would need opset 21 (16- and 4-bit types) in ONNX Runtime's
+    /// `com.microsoft` domain instead.
+    contrib: bool,
+    /// Prefix of every name this graph's patch creates: empty in the main graph, a tag of the
+    /// subgraph otherwise, so a Q/DQ inside an If/Loop body never shadows the same value's
+    /// Q/DQ in an enclosing graph (ONNX forbids it).
+    prefix: String,
 }
 
 impl Emitter<'_> {
@@ -157,23 +178,41 @@ impl Emitter<'_> {
 
     /// `v -> QuantizeLinear -> DequantizeLinear`; returns the dequantized value.
     fn qdq(&mut self, v: ValueId, qtype: QType, p: QParams) -> ValueId {
-        let base = self.g.value_name(v);
+        let base = format!("{}{}", self.prefix, self.g.value_name(v));
         let (s, z) = self.scalar_params(&base, qtype, p);
         let qn = self.patch.unique_name(self.g, &format!("{base}_QuantizeLinear_Output"));
         let q = self.patch.new_value(qn, None);
         let dn = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear_Output"));
-        let d = self.patch.new_value(dn, None);
+        let float_type = self.g.value(v).ok().and_then(|x| x.ty.clone());
+        let d = self.patch.new_value(dn, float_type);
         let qname = self.patch.unique_name(self.g, &format!("{base}_QuantizeLinear"));
         let dname = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear"));
-        self.patch.add_node(Node::new("QuantizeLinear", qname).with_inputs([v, s, z]).with_outputs([q]));
-        self.patch.add_node(Node::new("DequantizeLinear", dname).with_inputs([q, s, z]).with_outputs([d]));
-        self.log.min_opset = self.log.min_opset.max(opset_for(qtype, None, None));
+        let mut qnode = Node::new("QuantizeLinear", qname).with_inputs([v, s, z]).with_outputs([q]);
+        let mut dnode = Node::new("DequantizeLinear", dname).with_inputs([q, s, z]).with_outputs([d]);
+        let opset = self.domain_of(opset_for(qtype, None, None), [&mut qnode, &mut dnode]);
+        self.patch.add_node(qnode);
+        self.patch.add_node(dnode);
+        self.log.min_opset = self.log.min_opset.max(opset);
         d
+    }
+
+    /// Puts `nodes` in the `com.microsoft` domain when they would need opset 21 and contrib
+    /// Q/DQ are asked for; returns the default-domain opset they need then.
+    fn domain_of<const N: usize>(&mut self, opset: i64, nodes: [&mut Node; N]) -> i64 {
+        if !self.contrib || opset < 21 {
+            return opset;
+        }
+        let axis = nodes.iter().any(|n| n.attr_int("axis").is_some());
+        for n in nodes {
+            n.domain = "com.microsoft".into();
+        }
+        self.log.contrib = true;
+        if axis { 13 } else { 10 }
     }
 
     /// A quantized initializer read through DequantizeLinear; returns the dequantized value.
     fn constant(&mut self, v: ValueId, c: &QuantizedConst) -> ValueId {
-        let base = self.g.value_name(v);
+        let base = format!("{}{}", self.prefix, self.g.value_name(v));
         let qn = self.patch.unique_name(self.g, &format!("{base}_quantized"));
         let q = self.patch.new_initializer(qn, int_tensor(c.qtype, &c.shape, &c.values));
         let sn = self.patch.unique_name(self.g, &format!("{base}_scale"));
@@ -192,8 +231,12 @@ impl Emitter<'_> {
         if let Some(b) = c.block_size {
             node = node.with_attr("block_size", Attr::Int(b as i64));
         }
+        let opset = match c.block_size {
+            Some(_) => opset_for(c.qtype, c.axis, c.block_size),
+            None => self.domain_of(opset_for(c.qtype, c.axis, c.block_size), [&mut node]),
+        };
         self.patch.add_node(node);
-        self.log.min_opset = self.log.min_opset.max(opset_for(c.qtype, c.axis, c.block_size));
+        self.log.min_opset = self.log.min_opset.max(opset);
         d
     }
 }
@@ -205,11 +248,14 @@ fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
 }
 
 /// Inserts the Q/DQ of graph `gi` of `plan` into `g` (the graph at that plan's path), with
-/// the qparams of every group (`Err`: the group stays float, with the reason).
-pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>]) -> Result<ConvertLog, String> {
+/// the qparams of every group (`Err`: the group stays float, with the reason). With
+/// `contrib`, Q/DQ that would need opset 21 (16- and 4-bit types, not blocks) are written in
+/// ONNX Runtime's `com.microsoft` domain.
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool) -> Result<ConvertLog, String> {
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
-    let mut em = Emitter { g, patch: Patch::new(g, "convert"), log: ConvertLog { min_opset: 1, ..Default::default() } };
+    let prefix = if gi == 0 { String::new() } else { format!("{}@{gi}/", g.name) };
+    let mut em = Emitter { g, patch: Patch::new(g, "convert"), log: ConvertLog { min_opset: 1, ..Default::default() }, contrib, prefix };
     let resolved_qtype = |e: Edge| resolve(a, e, 0).and_then(qtype_of);
     // Activations.
     let mut act_params: BTreeMap<(ValueId, QType), QParams> = BTreeMap::new();
@@ -234,6 +280,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             continue;
         }
         let d = em.qdq(v, qt, p);
+        em.log.dequantized.push((d, Dequantized::Activation { group: gid, float: v }));
         let all_readers = readers.len() == g.consumers(v).len();
         if producer_quantized && g.is_output(v) && all_readers {
             em.patch.replace_uses(v, d);
@@ -322,6 +369,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
         };
         em.patch.redirect_input(n, i, d);
+        em.log.dequantized.push((d, Dequantized::Constant { node: n, input: i, float: v }));
     }
     let Emitter { patch, log, .. } = em;
     g.apply(patch).map_err(|e| e.to_string())?;

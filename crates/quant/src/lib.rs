@@ -11,10 +11,15 @@
 //!   calibration hooks; [`convert`]: Q/DQ insertion; [`pipeline`]: the whole flow;
 //!   [`report`]: what was done.
 //! * [`passes`]: graph passes (one file each).
+//! * [`htp`]: the HTP quantizer (rule registry, precisions, SoC generations as data).
+//! * [`compare`]: per-tensor error of a quantized model against its float original.
+//! * [`sensitivity`]: output error per observation group, and the accuracy budget.
 
 pub mod annotation;
 pub mod backend;
+pub mod compare;
 pub mod convert;
+pub mod htp;
 pub mod observer;
 pub mod passes;
 pub mod pattern;
@@ -24,6 +29,7 @@ pub mod qconfig;
 pub mod qparams;
 pub mod quantizer;
 pub mod report;
+pub mod sensitivity;
 pub mod spec;
 
 pub use qparams::{Convention, QParams, QScheme, QType};

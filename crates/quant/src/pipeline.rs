@@ -8,14 +8,15 @@ use qforge_ir::{Model, Tensor};
 use qforge_runtime::{Session, SessionOptions};
 
 use crate::annotation::FloatKind;
-use crate::convert::{convert_graph, group_qparams};
-use crate::passes::{fold_batch_norm, fold_constants};
+use crate::convert::{convert_graph, group_qparams, ConvertLog};
+use crate::passes::{fold_affine, fold_constant_scales, fold_constants};
 use crate::prepare::{graph_at_mut, graphs, QuantPlan};
 use crate::quantizer::Quantizer;
-use crate::report::{NodeRecord, Report};
+use crate::report::{NodeRecord, Report, ViolationRecord};
 
-/// Calibration samples: each is one complete feed of the model.
-pub trait SampleSource {
+/// Calibration samples: each is one complete feed of the model. Shared by calibration
+/// workers, so it is `Sync`.
+pub trait SampleSource: Sync {
     fn len(&self) -> usize;
     /// A name for messages (a folder, file or index).
     fn name(&self, i: usize) -> String;
@@ -28,7 +29,12 @@ pub trait SampleSource {
 pub struct QuantizeOptions {
     /// Worker threads for calibration (0: all cores).
     pub threads: usize,
-    /// Fail when the target rejects a requested qconfig instead of keeping the node float.
+    /// The highest default-domain opset the output may import (`None`: as the Q/DQ need, up
+    /// to 21). Below 21, 16- and 4-bit Q/DQ are written in ONNX Runtime's `com.microsoft`
+    /// domain; block-wise weights, which only opset 21 expresses, are refused.
+    pub max_opset: Option<i64>,
+    /// Fail when the target rejects a requested qconfig instead of keeping the node float, or
+    /// when an annotation breaks the target's rules (the quantizer's `validate`).
     pub strict: bool,
 }
 
@@ -43,28 +49,43 @@ pub enum QuantizeError {
     Stage { stage: &'static str, reason: String },
     #[error("--strict: {count} node(s) stay in float because the target rejects the requested qconfig; first: {first}")]
     Strict { count: usize, first: String },
+    #[error("--strict: {} node(s) break the target's rules:{}", .0.len(), .0.iter().map(|v| format!("\n  {v}")).collect::<String>())]
+    Violations(Vec<ViolationRecord>),
 }
 
 fn stage<E: std::fmt::Display>(stage: &'static str) -> impl Fn(E) -> QuantizeError {
     move |e| QuantizeError::Stage { stage, reason: e.to_string() }
 }
 
-/// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`.
-/// `progress(done, total)` is called after each calibration sample.
-pub fn quantize(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<(Model, Report), QuantizeError> {
+/// The fusion passes, on every graph of `m` (main graph first), before annotation:
+/// `fold_constants`, `fold_constant_scales`, then `fold_affine`. Returns the number of affine
+/// nodes folded into weights. Tools that compare a quantized model with its float original
+/// apply the same passes to the float model, so folded tensors carry the same names.
+pub fn fuse(m: &mut Model) -> Result<usize, String> {
+    let paths: Vec<_> = graphs(&m.graph).into_iter().map(|(p, _)| p).collect();
+    let opsets = m.opset_imports.clone();
+    let mut folded = 0;
+    for p in &paths {
+        let g = graph_at_mut(&mut m.graph, p).ok_or("a subgraph disappeared while fusing")?;
+        fold_constants(g, &opsets).map_err(|e| format!("fold_constants: {e}"))?;
+        fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
+        folded += fold_affine(g).map_err(|e| format!("fold_affine: {e}"))?;
+    }
+    Ok(folded)
+}
+
+/// Fuses a copy of `model` ([`fuse`]), annotates it with `quantizer` (validating under
+/// `opts.strict`), and calibrates the plan's observers on `samples`.
+pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Calibrated, QuantizeError> {
     if samples.len() == 0 {
         return Err(QuantizeError::NoSamples);
     }
     let started = Instant::now();
     let mut m = model.clone();
-    // Fuse.
+    let folded = fuse(&mut m).map_err(stage("fuse"))?;
     let paths: Vec<_> = graphs(&m.graph).into_iter().map(|(p, _)| p).collect();
-    let mut folded = 0;
-    let opsets = m.opset_imports.clone();
     for p in &paths {
-        let g = graph_at_mut(&mut m.graph, p).expect("path from graphs()");
-        fold_constants(g, &opsets).map_err(stage("fold_constants"))?;
-        folded += fold_batch_norm(g).map_err(stage("fold_batch_norm"))?;
+        quantizer.transform_for_annotation(graph_at_mut(&mut m.graph, p).expect("path from graphs()"));
     }
     m.graph.check().map_err(stage("fuse"))?;
     qforge_ir::infer::infer_model(&mut m);
@@ -79,7 +100,7 @@ pub fn quantize(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSo
             return Err(QuantizeError::Strict { count: rejected.len(), first: first.clone() });
         }
     }
-    let mut report = Report { samples: samples.len(), batch_norms_folded: folded, ..Default::default() };
+    let mut report = Report { samples: samples.len(), affine_folded: folded, ..Default::default() };
     let graph_names: Vec<String> = all.iter().map(|(_, g)| g.name.clone()).collect();
     for (((_, g), a), gname) in all.iter().zip(&annotated).zip(&graph_names) {
         let record = |n: qforge_ir::NodeId| (g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.qualified_op()).unwrap_or_default());
@@ -92,32 +113,131 @@ pub fn quantize(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSo
             report.nodes.push(NodeRecord { graph: gname.clone(), name, op, quantized: false, rule: None, kind: Some(f.kind), reason: Some(f.reason.clone()) });
         }
     }
+    for (((_, g), a), gname) in all.iter().zip(&annotated).zip(&graph_names) {
+        report.violations.extend(quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v)));
+    }
+    if opts.strict && !report.violations.is_empty() {
+        return Err(QuantizeError::Violations(report.violations));
+    }
     // Prepare and calibrate.
     let mut plan = QuantPlan::new(&m.graph, annotated);
     let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
     let calib_started = Instant::now();
-    for i in 0..samples.len() {
-        let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
-        session.run_with_hooks(feed, &mut plan.calibrator()).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })?;
-        progress(i + 1, samples.len());
-    }
+    let workers = if plan.mergeable() && opts.threads != 1 { CALIBRATION_WORKERS.min(samples.len()) } else { 1 };
+    calibrate_samples(&session, &mut plan, samples, workers, progress)?;
     report.calibration_seconds = calib_started.elapsed().as_secs_f64();
-    // Convert, innermost graphs first so a parent's patch sees its final subgraphs.
+    Ok(Calibrated { model: m, plan, report, graph_names, started, max_opset: opts.max_opset })
+}
+
+/// Samples in flight at once during calibration. Two runs share the session's thread pool,
+/// which keeps both cores busy through the parts of a run that do not parallelize (small ops,
+/// loading the next sample) at the cost of a second set of activations in memory.
+const CALIBRATION_WORKERS: usize = 2;
+
+/// Streams every sample through `session` into the plan's observers. With `workers > 1`,
+/// each worker calibrates its own copy of the plan on the samples it takes, and the copies are
+/// merged in worker order; merges are exact, so the result equals one sequential pass. The
+/// error reported is that of the first failing sample.
+fn calibrate_samples(session: &Session, plan: &mut QuantPlan, samples: &dyn SampleSource, workers: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
+    let n = samples.len();
+    let run_one = |plan: &mut QuantPlan, i: usize| -> Result<(), QuantizeError> {
+        let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
+        session.run_with_hooks(feed, &mut plan.calibrator()).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
+    };
+    if workers <= 1 {
+        for i in 0..n {
+            run_one(plan, i)?;
+            progress(i + 1, n);
+        }
+        return Ok(());
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (finished, finished_rx) = std::sync::mpsc::channel::<()>();
+    let mut results: Vec<(QuantPlan, Option<(usize, QuantizeError)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers).map(|_| {
+            let mut local = plan.clone();
+            let (next, run_one, finished) = (&next, &run_one, finished.clone());
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return (local, None);
+                }
+                if let Err(e) = run_one(&mut local, i) {
+                    next.store(n, std::sync::atomic::Ordering::Relaxed);
+                    return (local, Some((i, e)));
+                }
+                let _ = finished.send(());
+            })
+        }).collect();
+        drop(finished);
+        // Progress is reported on the calling thread as samples finish.
+        for (count, ()) in finished_rx.iter().enumerate() {
+            progress(count + 1, n);
+        }
+        handles.into_iter().map(|h| h.join().expect("calibration worker")).collect()
+    });
+    if let Some((_, e)) = results.iter_mut().filter_map(|(_, e)| e.take()).min_by_key(|(i, _)| *i) {
+        return Err(e);
+    }
+    for (local, _) in &results {
+        plan.merge_observations(local).map_err(stage("calibrate"))?;
+    }
+    Ok(())
+}
+
+/// A model fused, annotated and calibrated, ready to convert: the fused float model (shape
+/// inference applied), the plan with its calibrated observers, and the report so far.
+#[derive(Clone)]
+pub struct Calibrated {
+    pub model: Model,
+    pub plan: QuantPlan,
+    pub report: Report,
+    graph_names: Vec<String>,
+    started: Instant,
+    max_opset: Option<i64>,
+}
+
+/// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`:
+/// [`calibrate`] then [`convert`]. `progress(done, total)` is called after each calibration
+/// sample.
+pub fn quantize(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<(Model, Report), QuantizeError> {
+    convert(calibrate(model, quantizer, samples, opts, progress)?)
+}
+
+/// Inserts Q/DQ with the calibrated qparams in every graph (innermost first, so a parent's
+/// patch sees its final subgraphs), raises the opset as the new nodes need, and completes the
+/// report.
+pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
+    convert_logged(c).map(|(m, report, _)| (m, report))
+}
+
+/// [`convert`], also returning what convert did in each graph of the plan
+/// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
+pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
+    let Calibrated { model: mut m, plan, mut report, graph_names, started, max_opset } = c;
     let params: Vec<_> = plan.groups.iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
     let mut need = opset_before;
+    let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
     for gi in (0..plan.graphs.len()).rev() {
         let g = graph_at_mut(&mut m.graph, &plan.graphs[gi].path).expect("planned path");
-        let log = convert_graph(g, &plan, gi, &params).map_err(stage("convert"))?;
+        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21)).map_err(stage("convert"))?;
         g.remove_dead_nodes();
         need = need.max(log.min_opset);
         report.add_log(&graph_names[gi], &plan, &log);
+        logs[gi] = log;
     }
     m.graph.check().map_err(stage("convert"))?;
+    if let Some(max) = max_opset.filter(|&max| need > max) {
+        return Err(QuantizeError::Stage { stage: "convert", reason: format!("the quantized model needs opset {need}, above --max-opset {max} (the input imports {opset_before}; block-wise weights need 21)") });
+    }
+    if logs.iter().any(|l| l.contrib) && m.opset("com.microsoft").is_none() {
+        m.opset_imports.push(qforge_ir::OpsetImport { domain: "com.microsoft".into(), version: 1 });
+    }
     if need > opset_before {
         crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;
     }
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();
-    Ok((m, report))
+    Ok((m, report, logs))
 }

@@ -200,6 +200,9 @@ impl QuantPlan {
         let mut watch: HashMap<(usize, ValueId), Vec<usize>> = HashMap::new();
         for (gid, grp) in groups.iter().enumerate() {
             for &(gi, v) in &grp.points {
+                if clamped_in_group(all[gi].1, v, |w| grp.points.contains(&(gi, w))) {
+                    continue;
+                }
                 if let Some(at) = defining_value(&all, gi, v) {
                     let e = watch.entry(at).or_default();
                     if !e.contains(&gid) {
@@ -216,15 +219,41 @@ impl QuantPlan {
         Calibrator { plan: self }
     }
 
+    /// Whether every observer's state merges exactly (no moving average), so samples may be
+    /// calibrated in any split and merged with [`QuantPlan::merge_observations`].
+    pub fn mergeable(&self) -> bool {
+        !self.groups.iter().any(|g| matches!(g.observer, Observer::MovingAverage { .. }))
+    }
+
+    /// Adds the observations of `other`, a clone of this plan calibrated on other samples.
+    pub fn merge_observations(&mut self, other: &QuantPlan) -> Result<(), String> {
+        for (mine, theirs) in self.groups.iter_mut().zip(&other.groups) {
+            mine.observer.merge(&theirs.observer)?;
+            if mine.unusable.is_none() {
+                mine.unusable.clone_from(&theirs.unusable);
+            }
+        }
+        Ok(())
+    }
+
     /// The graph index of a hook event's path.
     fn graph_index(&self, path: &[(NodeId, &str)]) -> Option<usize> {
         self.graphs.iter().position(|g| g.path.len() == path.len() && g.path.iter().zip(path).all(|(a, b)| a.0 == b.0 && a.1 == b.1))
     }
 }
 
+/// Whether `v` is read only by a clamping op (Relu, Clip) whose output is in the same group
+/// (`in_group`). Such a value is not observed: the group's range is the clamped range, and
+/// quantizing the input to it saturates exactly where the clamp would (ONNX Runtime likewise
+/// drops Relu/Clip in front of a QuantizeLinear whose range lies inside the clamp's).
+fn clamped_in_group(g: &Graph, v: ValueId, in_group: impl Fn(ValueId) -> bool) -> bool {
+    let [(reader, 0)] = g.consumers(v) else { return false };
+    !g.is_output(v) && g.node(*reader).is_ok_and(|n| n.domain.is_empty() && matches!(n.op_type.as_str(), "Relu" | "Clip") && n.output(0).is_some_and(&in_group))
+}
+
 /// Where a value of graph `gi` is produced: itself, or for an outer value the defining value
 /// of an enclosing graph.
-fn defining_value(all: &[(GraphPath, &Graph)], gi: usize, v: ValueId) -> Option<(usize, ValueId)> {
+pub(crate) fn defining_value(all: &[(GraphPath, &Graph)], gi: usize, v: ValueId) -> Option<(usize, ValueId)> {
     let (path, g) = &all[gi];
     let val = g.value(v).ok()?;
     if val.kind() != ValueKind::Outer {

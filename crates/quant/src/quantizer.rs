@@ -15,7 +15,7 @@ use crate::backend::{BackendConfig, BackendPatternConfig, DTypeConfig, Observati
 use crate::qconfig::{QConfig, QConfigMapping, RangeName, TensorQConfig};
 use crate::spec::{Derivation, Edge, FixedQParams, Spec};
 
-/// A node annotation that breaks a target's rules.
+/// A node annotation that breaks a target's rules: the node, the rule broken, and what to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Violation {
     pub node: NodeId,
@@ -28,6 +28,10 @@ pub trait Quantizer {
     /// Annotates the nodes of `g` to quantize; every node left in float is listed in
     /// [`Annotations::float`] with the reason.
     fn annotate(&self, g: &Graph) -> Annotations;
+
+    /// Rewrites `g` into the form the quantizer annotates (before annotation, after constant
+    /// and BatchNormalization folding); the function computed must not change.
+    fn transform_for_annotation(&self, _g: &mut Graph) {}
 
     /// Checks annotations against the target's constraints.
     fn validate(&self, _g: &Graph, _a: &Annotations) -> Vec<Violation> {
@@ -76,6 +80,20 @@ pub fn default_qconfig(backend: &BackendConfig, method: RangeName, per_channel: 
     QConfig { activation, weight }
 }
 
+/// Ops kept in float by [`default_mapping`] although backends may quantize them: their
+/// outputs depend on their inputs through an exponential, a power or a normalization by
+/// statistics, so input quantization error is amplified (Softmax input error moves every
+/// probability of the row; LayerNormalization and Pow/Sqrt see the variance of outliers).
+pub const SENSITIVE_OPS: &[&str] = &["Softmax", "LogSoftmax", "LayerNormalization", "Pow", "Sqrt", "Reciprocal", "Exp", "Log"];
+
+/// The mapping used when the user gives none: [`default_qconfig`] globally, with the
+/// [`SENSITIVE_OPS`] kept in float (a config file's `[[op_type]]` entry quantizes them).
+pub fn default_mapping(backend: &BackendConfig, method: RangeName, per_channel: bool) -> QConfigMapping {
+    let mut m = QConfigMapping::global(default_qconfig(backend, method, per_channel));
+    m.op_type = SENSITIVE_OPS.iter().map(|op| (op.to_string(), None)).collect();
+    m
+}
+
 /// The FX-style quantizer: QConfigMapping (what the user wants) checked against a
 /// BackendConfig (what the target supports).
 pub struct ConfigQuantizer {
@@ -84,7 +102,7 @@ pub struct ConfigQuantizer {
 }
 
 /// Whether `v` holds float data: its declared or inferred element type, or its constant's.
-fn is_float(g: &Graph, v: ValueId) -> bool {
+pub(crate) fn is_float(g: &Graph, v: ValueId) -> bool {
     let Ok(val) = g.value(v) else { return false };
     if let Some(t) = val.initializer() {
         return t.dtype() == DType::F32;
@@ -187,7 +205,12 @@ impl Quantizer for ConfigQuantizer {
             let node = g.node(id).expect("live node");
             let (qc, level) = qconfigs.get(&id).cloned().unwrap_or((None, "global"));
             let Some(qc) = qc else {
-                out.keep_float(id, FloatKind::Requested, format!("the qconfig mapping keeps it in float ({level})"));
+                let why = if level == "op_type" && SENSITIVE_OPS.contains(&node.op_type.as_str()) {
+                    format!("the qconfig mapping keeps {} in float (op_type): its output amplifies input quantization error; a --config [[op_type]] entry quantizes it", node.op_type)
+                } else {
+                    format!("the qconfig mapping keeps it in float ({level})")
+                };
+                out.keep_float(id, FloatKind::Requested, why);
                 continue;
             };
             let float_activation = node.inputs.iter().flatten().any(|&v| is_float(g, v) && !g.value(v).is_ok_and(|x| x.is_constant()));
@@ -239,37 +262,81 @@ impl Quantizer for ConfigQuantizer {
     }
 }
 
-/// Units without weights whose float inputs are not quantized by their producers stay in
-/// float: their Q/DQ would only add error, with no integer kernel chain to gain. A unit whose
-/// output shares its input's observer (data movement, Concat) needs every input quantized;
-/// other units (Add, Sigmoid, pooling, ...) at least one. Applied in topological order so
-/// chains of such units fall back together.
+/// Units without weights that no integer kernel chain passes through stay in float: their
+/// Q/DQ would only add error. A unit is isolated when
+/// * its float inputs are not quantized by their producers: a unit whose output shares its
+///   input's observer (data movement, Concat) needs every input quantized, other units (Add,
+///   Sigmoid, pooling, ...) at least one; or
+/// * its quantized outputs have no quantized reader (only float nodes and graph outputs read
+///   them), e.g. the attention-mask Add in front of a float Softmax, whose range would span
+///   the mask's huge negative values.
+///
+/// Applied forward (topological order) and backward until nothing changes, so chains of such
+/// units fall back together.
 fn drop_isolated_units(g: &Graph, order: &[NodeId], a: &mut Annotations) {
-    for &id in order {
-        let Some(ann) = a.get(id) else { continue };
-        if ann.weighted || ann.group.first() != Some(&id) {
-            continue;
-        }
-        let group = ann.group.clone();
-        let shares = group.iter().any(|n| a.get(*n).is_some_and(|x| matches!(x.output(0), Some(Spec::Shared(_)))));
-        let mut inputs = vec![];
-        for &n in &group {
-            let node = g.node(n).expect("live node");
-            let na = a.get(n).expect("annotated group");
-            for (i, s) in na.inputs.iter().enumerate() {
-                let Some(v) = node.input(i).filter(|_| s.is_some()) else { continue };
-                if g.value(v).is_ok_and(|x| x.is_constant()) {
-                    continue;
-                }
-                inputs.push(g.producer(v).is_some_and(|(p, k)| a.get(p).is_some_and(|pa| pa.output(k).is_some())));
+    loop {
+        let mut changed = false;
+        for &id in order.iter().chain(order.iter().rev()) {
+            let Some(ann) = a.get(id) else { continue };
+            if ann.weighted || ann.group.first() != Some(&id) {
+                continue;
             }
-        }
-        let keep = if shares { !inputs.is_empty() && inputs.iter().all(|&q| q) } else { inputs.iter().any(|&q| q) };
-        if !keep {
+            let group = ann.group.clone();
+            let why = if !inputs_quantized(g, a, &group) {
+                "none of its inputs is quantized by its producer and it has no weight: Q/DQ here would only add error"
+            } else if !outputs_read_quantized(g, a, &group) {
+                "only float nodes or graph outputs read its output and it has no weight: Q/DQ here would only add error"
+            } else {
+                continue;
+            };
             for n in group {
                 a.nodes.remove(&n);
-                a.keep_float(n, FloatKind::NoBenefit, "none of its inputs is quantized by its producer and it has no weight: Q/DQ here would only add error");
+                a.keep_float(n, FloatKind::NoBenefit, why);
+            }
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+}
+
+/// Whether a unit's non-constant quantized inputs come quantized from their producers: all of
+/// them when the unit shares its input's observer, at least one otherwise.
+fn inputs_quantized(g: &Graph, a: &Annotations, group: &[NodeId]) -> bool {
+    let shares = group.iter().any(|n| a.get(*n).is_some_and(|x| matches!(x.output(0), Some(Spec::Shared(_)))));
+    let mut inputs = vec![];
+    for &n in group {
+        let node = g.node(n).expect("live node");
+        let na = a.get(n).expect("annotated group");
+        for (i, s) in na.inputs.iter().enumerate() {
+            let Some(v) = node.input(i).filter(|_| s.is_some()) else { continue };
+            if g.value(v).is_ok_and(|x| x.is_constant()) {
+                continue;
+            }
+            inputs.push(g.producer(v).is_some_and(|(p, k)| a.get(p).is_some_and(|pa| pa.output(k).is_some())));
+        }
+    }
+    if shares { !inputs.is_empty() && inputs.iter().all(|&q| q) } else { inputs.iter().any(|&q| q) }
+}
+
+/// Whether some quantized output of a unit is read, outside the unit, as a quantized input
+/// (or by a subgraph). A unit without quantized outputs counts as read.
+fn outputs_read_quantized(g: &Graph, a: &Annotations, group: &[NodeId]) -> bool {
+    let mut any_output = false;
+    for &n in group {
+        let node = g.node(n).expect("live node");
+        let na = a.get(n).expect("annotated group");
+        for (k, s) in na.outputs.iter().enumerate() {
+            let Some(v) = node.output(k).filter(|_| s.is_some()) else { continue };
+            any_output = true;
+            let quantized_reader = g.consumers(v).iter().any(|&(r, i)| {
+                !group.contains(&r) && (i == qforge_ir::CAPTURE_USE || a.get(r).is_some_and(|ra| ra.input(i).is_some()))
+            });
+            if quantized_reader {
+                return true;
             }
         }
     }
+    !any_output
 }

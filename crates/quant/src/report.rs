@@ -56,11 +56,42 @@ pub struct ConstantRecord {
     pub scales: usize,
 }
 
+/// An annotated node that breaks the target's rules (from the quantizer's `validate`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ViolationRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    pub rule: String,
+    pub fix: String,
+}
+
+impl ViolationRecord {
+    /// The record of violation `v` of graph `g` (named `graph`).
+    pub fn new(graph: &str, g: &qforge_ir::Graph, v: crate::quantizer::Violation) -> ViolationRecord {
+        let node = g.node(v.node).ok();
+        ViolationRecord {
+            graph: graph.to_string(),
+            node: node.map(|x| x.display_name(v.node)).unwrap_or_default(),
+            op: node.map(|x| x.qualified_op()).unwrap_or_default(),
+            rule: v.rule,
+            fix: v.fix,
+        }
+    }
+}
+
+impl std::fmt::Display for ViolationRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node '{}' ({}, graph '{}'): {}; fix: {}", self.node, self.op, self.graph, self.rule, self.fix)
+    }
+}
+
 /// What a quantization run did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub samples: usize,
-    pub batch_norms_folded: usize,
+    /// BatchNormalization and constant Mul/Add/Sub/Div nodes folded into weights.
+    pub affine_folded: usize,
     /// Default-domain opset before and after.
     pub opset: (i64, i64),
     pub calibration_seconds: f64,
@@ -72,6 +103,11 @@ pub struct Report {
     pub constants: Vec<ConstantRecord>,
     /// Weights whose scale was enlarged so their bias fits int32: (weight, channels).
     pub bias_adjusted: Vec<(String, usize)>,
+    /// Annotated nodes that break the target's rules.
+    pub violations: Vec<ViolationRecord>,
+    /// What an accuracy budget returned to float, decision by decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
 }
 
 impl Report {
@@ -107,8 +143,8 @@ impl Report {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
         let _ = writeln!(s, "quantized {q} of {} nodes; {} activations with Q/DQ, {} constants stored quantized", self.nodes.len(), self.activations.len(), self.constants.len());
-        let _ = writeln!(s, "calibration: {} samples in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization folded",
-            self.samples, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.batch_norms_folded);
+        let _ = writeln!(s, "calibration: {} samples in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights",
+            self.samples, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.affine_folded);
         let mut float: BTreeMap<(String, String), usize> = BTreeMap::new();
         for n in self.nodes.iter().filter(|n| !n.quantized) {
             *float.entry((n.op.clone(), n.reason.clone().unwrap_or_default())).or_default() += 1;
@@ -121,6 +157,9 @@ impl Report {
         }
         for (graph, value, why) in &self.skipped {
             let _ = writeln!(s, "warning: '{value}' ({graph}) stays float: {why}");
+        }
+        for v in &self.violations {
+            let _ = writeln!(s, "warning: {v}");
         }
         for (w, c) in &self.bias_adjusted {
             let _ = writeln!(s, "note: weight '{w}': scale enlarged on {c} channel(s) so the int32 bias does not overflow");

@@ -6,8 +6,8 @@
 use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor, ValueId};
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
-use qforge_quant::qconfig::{QConfigMapping, RangeName};
-use qforge_quant::quantizer::{default_qconfig, ConfigQuantizer};
+use qforge_quant::qconfig::RangeName;
+use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
 use qforge_quant::report::Report;
 use qforge_quant::{Convention, QScheme, QType};
 use qforge_testkit::{compare, make_inputs, ort_run_with, real_models, TempDir};
@@ -63,7 +63,7 @@ fn input(g: &mut Graph, name: &str, shape: &[i64]) -> ValueId {
 
 fn run(m: &Model, backend: &str, inputs: &[(&str, &[usize])]) -> (Model, Report) {
     let backend = BackendConfig::load(backend).unwrap();
-    let mapping = QConfigMapping::global(default_qconfig(&backend, RangeName::Minmax, true));
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
     let q = ConfigQuantizer { backend, mapping };
     let samples = Seeded { inputs: inputs.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(), n: 4 };
     quantize(m, &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap()
@@ -107,24 +107,30 @@ fn conv_bn_relu_is_one_unit_with_per_channel_weights_and_int32_bias() {
     g.set_outputs(vec![r]).unwrap();
     let (q, report) = run(&model(g, 13), "ort", &[("x", &[1, 3, 8, 8])]);
     q.graph.check().unwrap();
-    assert_eq!(report.batch_norms_folded, 1);
+    assert_eq!(report.affine_folded, 1);
     assert_eq!(producer_of_input(&q, "conv", 0), "DequantizeLinear", "activation input through Q/DQ");
     assert_eq!(producer_of_input(&q, "conv", 1), "DequantizeLinear", "weight stored quantized");
     assert_eq!(producer_of_input(&q, "conv", 2), "DequantizeLinear", "bias stored quantized");
     assert_eq!(producer_of_input(&q, "relu", 0), "Conv", "no Q/DQ inside the fused Conv+Relu");
     assert_eq!(readers(&q, "relu_out_replaced"), vec!["QuantizeLinear"], "the unit's output is quantized");
+    // The dequantized graph output keeps a float tensor type: ONNX's checker accepts the model.
+    let tmp = TempDir::new("ptq_cbr");
+    let path = tmp.path().join("cbr.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let check = qforge_testkit::oracle("onnx_check.py", &[path.as_os_str()]);
+    assert!(check.status.success(), "onnx.checker: {}", String::from_utf8_lossy(&check.stdout));
     // Weight DQ is per axis 0 with one scale per output channel; bias scale = x scale * w scale.
     let g = &q.graph;
-    let (_, wdq) = g.nodes().find(|(_, n)| n.op_type == "DequantizeLinear" && n.name.starts_with("conv.weight_bn")).unwrap();
+    let (_, wdq) = g.nodes().find(|(_, n)| n.op_type == "DequantizeLinear" && n.name.starts_with("conv.weight_folded")).unwrap();
     assert_eq!(wdq.attr_int("axis"), Some(0));
-    let ws = dq_scale(&q, "conv.weight_bn");
-    let bs = dq_scale(&q, "conv.bias_bn");
+    let ws = dq_scale(&q, "conv.weight_folded");
+    let bs = dq_scale(&q, "conv.bias_folded");
     let xs = dq_scale(&q, "x_DequantizeLinear")[0];
     assert_eq!(ws.len(), 4);
     for c in 0..4 {
         assert_eq!(bs[c], xs * ws[c], "bias scale of channel {c}");
     }
-    let bq = g.value(g.value_by_name("conv.bias_bn_quantized").unwrap()).unwrap().initializer().unwrap().clone();
+    let bq = g.value(g.value_by_name("conv.bias_folded_quantized").unwrap()).unwrap().initializer().unwrap().clone();
     assert_eq!(bq.dtype(), qforge_ir::DType::I32);
     // The input's qparams are ORT's compute_scale_zp of the observed range.
     let rec = report.activations.iter().find(|a| a.value == "x").unwrap();
@@ -145,9 +151,11 @@ fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     let cat_out = g.new_value("cat_out", None).unwrap();
     g.add_node(Node::new("Concat", "cat").with_inputs([a, add]).with_outputs([cat_out]).with_attr("axis", Attr::Int(1))).unwrap();
     let sig = op(&mut g, "Sigmoid", "sig", &[cat_out]);
-    let two = g.add_initializer("two", Tensor::scalar(2f32)).unwrap();
-    let pow = op(&mut g, "Pow", "pow", &[sig, two]);
-    g.set_outputs(vec![pow]).unwrap();
+    let w3 = weight(&mut g, "w3", &[4, 8, 1, 1], 5);
+    let c = op(&mut g, "Conv", "conv_c", &[sig, w3]);
+    let erf = op(&mut g, "Erf", "erf", &[c]);
+    let head = op(&mut g, "Sigmoid", "head", &[c]);
+    g.set_outputs(vec![erf, head]).unwrap();
     let m = model(g, 13);
     let (q, report) = run(&m, "x86", &[("x", &[1, 4, 6, 6])]);
     q.graph.check().unwrap();
@@ -165,12 +173,15 @@ fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     let s = report.activations.iter().find(|r| r.value == "sig_out").unwrap();
     assert!(s.fixed);
     assert_eq!((s.scale, s.zero_point), (1.0 / 256.0, 0));
-    // Pow has no quantized form: reported in float with the reason; it reads dequantized data.
-    let pow_rec = report.nodes.iter().find(|n| n.name == "pow").unwrap();
-    assert!(!pow_rec.quantized && pow_rec.reason.as_deref().unwrap().contains("no quantized pattern for Pow"), "{pow_rec:?}");
-    assert_eq!(producer_of_input(&q, "pow", 0), "DequantizeLinear");
+    // Erf has no quantized form: reported in float with the reason; it reads dequantized data.
+    let erf_rec = report.nodes.iter().find(|n| n.name == "erf").unwrap();
+    assert!(!erf_rec.quantized && erf_rec.reason.as_deref().unwrap().contains("no quantized pattern for Erf"), "{erf_rec:?}");
+    assert_eq!(producer_of_input(&q, "erf", 0), "DequantizeLinear");
+    // A Sigmoid read only by a graph output gains no integer kernel: float, with the reason.
+    let head_rec = report.nodes.iter().find(|n| n.name == "head").unwrap();
+    assert!(!head_rec.quantized && head_rec.reason.as_deref().unwrap().contains("only float nodes or graph outputs read its output"), "{head_rec:?}");
     // The graph output keeps its name and float type.
-    assert_eq!(q.graph.value_name(q.graph.outputs()[0]), "pow_out");
+    assert_eq!(q.graph.value_name(q.graph.outputs()[0]), "erf_out");
 }
 
 #[test]
@@ -188,10 +199,30 @@ fn same_input_gives_the_same_bytes() {
     assert_eq!(q.opset, (11, 13), "per-axis weights raise the opset to 13");
 }
 
-/// The QDQ model runs in ONNX Runtime (its fusions off, so Q/DQ run as written), and ORT's
-/// outputs equal qforge's own execution of the same QDQ graph on the real models, within two
-/// u8 steps of a [0, 1] probability (2/255): Q/DQ kernels are bit-exact with ORT, and a float
-/// accumulation one ulp apart can move a value across one rounding boundary.
+/// The quantization step of the activation DequantizeLinear nearest upstream of value `name`.
+fn nearest_activation_step(m: &Model, name: &str) -> f32 {
+    let g = &m.graph;
+    let mut frontier = vec![g.value_by_name(name).unwrap()];
+    while let Some(v) = frontier.pop() {
+        let Some((p, _)) = g.producer(v) else { continue };
+        let n = g.node(p).unwrap();
+        if n.op_type == "DequantizeLinear" && !g.value(n.input(0).unwrap()).unwrap().is_constant() {
+            let s = g.value(n.input(1).unwrap()).unwrap().initializer().unwrap().as_slice::<f32>().unwrap().to_vec();
+            assert_eq!(s.len(), 1, "activations are quantized per tensor");
+            return s[0];
+        }
+        frontier.extend(n.inputs.iter().flatten());
+    }
+    panic!("no activation DequantizeLinear upstream of {name}")
+}
+
+/// The QDQ model passes ONNX's checker (full check), runs in ONNX Runtime (its fusions off, so
+/// Q/DQ run as written), and ORT's
+/// outputs equal qforge's own execution of the same QDQ graph on the real models within 8
+/// steps of the nearest upstream activation quantization scale. Q/DQ kernels are bit-exact with ORT, but Conv
+/// accumulates in a different order, so a value one ulp apart can cross one rounding boundary
+/// of a QuantizeLinear; the layers after it amplify that one-step flip (5 output steps
+/// measured on ocr_cls with seeded noise input).
 #[test]
 fn qdq_models_match_ort_on_real_models() {
     let tmp = TempDir::new("ptq");
@@ -207,16 +238,19 @@ fn qdq_models_match_ort_on_real_models() {
         }
         let samples = Fixed((0..4).map(|s| make_inputs(&original.graph, &m, 10 + s)).collect());
         let backend = BackendConfig::load("ort").unwrap();
-        let mapping = QConfigMapping::global(default_qconfig(&backend, RangeName::Minmax, true));
+        let mapping = default_mapping(&backend, RangeName::Minmax, true);
         let (q, report) = quantize(&original, &ConfigQuantizer { backend, mapping }, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
         assert!(report.activations.len() > 50, "{}: {} activations", m.name, report.activations.len());
         let path = tmp.path().join(format!("{}.onnx", m.name));
         qforge_onnx::save(&q, &path).unwrap();
+        let check = qforge_testkit::oracle("onnx_check.py", &[path.as_os_str()]);
+        assert!(check.status.success(), "{}: onnx.checker rejects the QDQ model: {}", m.name, String::from_utf8_lossy(&check.stdout));
         let ours = qforge_runtime::Session::new(&q).unwrap().run(inputs.clone()).unwrap();
         let theirs = ort_run_with(&path, &inputs, 1, false);
         for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
-            let (worst, ok) = compare(a, b, 0.0, 2.0 / 255.0);
-            println!("{:<12} '{name}' qforge vs ORT on the QDQ model: max |diff| {worst:.2e}", m.name);
+            let step = nearest_activation_step(&q, name);
+            let (worst, ok) = compare(a, b, 0.0, 8.0 * step as f64);
+            println!("{:<12} '{name}' qforge vs ORT on the QDQ model: max |diff| {worst:.2e} ({:.1} steps)", m.name, worst / step as f64);
             assert!(ok, "{} '{name}': max |diff| {worst}", m.name);
         }
     }
@@ -245,7 +279,7 @@ fn transformer_embeddings_survive_default_quantization() {
         }
     }
     let backend = BackendConfig::load("ort").unwrap();
-    let mapping = QConfigMapping::global(default_qconfig(&backend, RangeName::Minmax, true));
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
     let (q, report) = quantize(&original, &ConfigQuantizer { backend, mapping }, &Rows(batch.clone(), rows), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     let quantized_matmuls = report.nodes.iter().filter(|n| n.quantized && n.op == "MatMul").count();
     assert!(quantized_matmuls >= 8, "only {quantized_matmuls} MatMul quantized");
@@ -284,15 +318,30 @@ fn if_branches_are_calibrated_and_quantized() {
         b
     };
     let mut g = Graph::new("g");
-    input(&mut g, "x", &[1, 3, 4, 4]);
+    let xm = input(&mut g, "x", &[1, 3, 4, 4]);
     let cond = g.add_initializer("cond", Tensor::from_bools(&[], &[true]).unwrap()).unwrap();
     let out = g.new_value("y", None).unwrap();
     g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
         .with_attr("then_branch", Attr::Graph(Box::new(branch("then", 11))))
         .with_attr("else_branch", Attr::Graph(Box::new(branch("else", 12))))).unwrap();
-    g.set_outputs(vec![out]).unwrap();
+    // x is also quantized in the main graph: the branch's Q/DQ of x must not shadow it.
+    let wm = weight(&mut g, "main_w", &[2, 3, 1, 1], 13);
+    let main_out = op(&mut g, "Conv", "main_conv", &[xm, wm]);
+    g.set_outputs(vec![out, main_out]).unwrap();
     let (q, report) = run(&model(g, 13), "ort", &[("x", &[1, 3, 4, 4])]);
     q.graph.check().unwrap();
+    assert!(report.activations.iter().any(|a| a.graph == "g" && a.value == "x"), "x quantized in the main graph");
+    let tmp = TempDir::new("ptq_if");
+    let path = tmp.path().join("if.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let feed = vec![("x".to_string(), Tensor::from_vec(&[1, 3, 4, 4], noise(99, 48, -1.0, 1.0)).unwrap())];
+    let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
+    let theirs = ort_run_with(&path, &feed, 1, true);
+    let coarsest_step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
+    for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+        let (worst, ok) = compare(a, b, 0.0, coarsest_step as f64);
+        assert!(ok, "'{name}': qforge and ORT differ by {worst}, more than one step {coarsest_step}");
+    }
     let (_, node) = q.graph.nodes().find(|(_, n)| n.op_type == "If").unwrap();
     let then = node.attr("then_branch").and_then(|a| match a { Attr::Graph(b) => Some(b), _ => None }).unwrap();
     let conv = then.nodes().find(|(_, n)| n.op_type == "Conv").unwrap().1;

@@ -16,6 +16,14 @@ pub struct ValueEvent<'a> {
     pub path: &'a [(NodeId, &'static str)],
 }
 
+/// A node about to run.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeEvent<'a> {
+    pub node: NodeId,
+    /// The path of the node's graph, as in [`ValueEvent::path`].
+    pub path: &'a [(NodeId, &'static str)],
+}
+
 /// Called for every value as it is produced (graph inputs first), with a borrowed view of the
 /// tensor: values of the main graph, and values inside If/Loop bodies each time the body
 /// runs (with their graph's path). Returning `Some` replaces the value for every later reader
@@ -23,4 +31,12 @@ pub struct ValueEvent<'a> {
 /// session was planned are not reported.
 pub trait Hooks: Send {
     fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor>;
+
+    /// Called before a node runs. `Some(outputs)` (one entry per declared output) skips the
+    /// node's kernel: a `Some` output is used as if computed (and reported to
+    /// [`Hooks::on_value`]), a `None` output is left uncomputed, so a node that later reads it
+    /// fails. The default supplies nothing.
+    fn supply(&mut self, _event: &NodeEvent) -> Option<Vec<Option<Tensor>>> {
+        None
+    }
 }

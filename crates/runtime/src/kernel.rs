@@ -64,11 +64,15 @@ pub struct RunCtx<'a> {
 /// The run's hooks behind a lock, so kernels can hand them to subgraphs.
 pub(crate) trait ReportValue: Sync {
     fn report(&self, event: &crate::ValueEvent, value: &Tensor) -> Option<Tensor>;
+    fn supply(&self, event: &crate::NodeEvent) -> Option<Vec<Option<Tensor>>>;
 }
 
 impl ReportValue for std::sync::Mutex<&mut dyn crate::Hooks> {
     fn report(&self, event: &crate::ValueEvent, value: &Tensor) -> Option<Tensor> {
         self.lock().unwrap_or_else(|p| p.into_inner()).on_value(event, value)
+    }
+    fn supply(&self, event: &crate::NodeEvent) -> Option<Vec<Option<Tensor>>> {
+        self.lock().unwrap_or_else(|p| p.into_inner()).supply(event)
     }
 }
 

@@ -14,7 +14,7 @@ mod plan;
 mod session;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
-pub use hooks::{Hooks, ValueEvent};
+pub use hooks::{Hooks, NodeEvent, ValueEvent};
 pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
-pub use plan::{opset_of, Plan, StepTime, NONDETERMINISTIC};
-pub use session::{Session, SessionOptions};
+pub use plan::{opset_of, Folding, Plan, StepTime, NONDETERMINISTIC};
+pub use session::{RunValues, Session, SessionOptions};

@@ -1,10 +1,10 @@
 //! Execution plans: a graph compiled once into kernels over value slots.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use qforge_ir::{Dim, Graph, NodeId, OpsetImport, Tensor, ValueId, ValueKind, ValueType};
 
-use crate::hooks::{Hooks, ValueEvent};
+use crate::hooks::{Hooks, NodeEvent, ValueEvent};
 use crate::{HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult};
 
 /// Ops whose outputs vary from run to run; never folded into constants.
@@ -17,8 +17,32 @@ struct Step {
     kernel: Box<dyn Kernel>,
     inputs: Vec<Option<usize>>,
     outputs: Vec<Option<usize>>,
+    /// Slots of the enclosing-graph values the node's subgraphs read.
+    captures: Vec<usize>,
     /// Slots whose last reader is this step.
     free: Vec<usize>,
+}
+
+/// Whether planning computes nodes whose inputs are all constants once (folding them into
+/// constants) or runs them on every run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Folding {
+    /// Fold them when planning (kernels may then pre-pack the folded constants).
+    #[default]
+    Constants,
+    /// Run them on every run, so hooks see, replace or supply their outputs (e.g. a
+    /// dequantized weight). Applies to the planned graph; If/Loop bodies still fold.
+    Off,
+}
+
+/// Which steps a run executes.
+#[derive(Clone, Copy)]
+enum Schedule<'a> {
+    /// Every step; each value is freed after its last reader unless `keep`.
+    All { keep: bool },
+    /// The steps of the `dirty` nodes and every step reading a value an executed step
+    /// produced; the other values stay as they are. Nothing is freed.
+    From { dirty: &'a HashSet<NodeId> },
 }
 
 /// The wall time of one executed node.
@@ -65,6 +89,11 @@ impl Plan {
     /// `outer_consts` are the constants of enclosing graphs by name: a subgraph that reads
     /// them gets them folded too.
     pub fn build(g: &Graph, opsets: &[OpsetImport], registry: &Registry, outer_consts: &HashMap<String, Tensor>) -> RuntimeResult<Plan> {
+        Self::build_with(g, opsets, registry, outer_consts, Folding::Constants)
+    }
+
+    /// [`Plan::build`] with a choice of [`Folding`].
+    pub fn build_with(g: &Graph, opsets: &[OpsetImport], registry: &Registry, outer_consts: &HashMap<String, Tensor>, folding: Folding) -> RuntimeResult<Plan> {
         let order = g.topo_order()?;
         let slots = g.values().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0);
         let mut consts: HashMap<usize, Tensor> = HashMap::new();
@@ -104,7 +133,8 @@ impl Plan {
                 input_types: node.inputs.iter().map(|v| v.and_then(|v| g.value(v).ok()).and_then(|v| v.ty.as_ref())).collect(),
             };
             let kernel = build(&info).map_err(|e| locate(e, &label, &node.op_type))?;
-            let foldable = node.captures().is_empty()
+            let foldable = folding == Folding::Constants
+                && node.captures().is_empty()
                 && node.subgraphs().next().is_none()
                 && !NONDETERMINISTIC.contains(&node.op_type.as_str())
                 && node.inputs.iter().flatten().all(|v| consts.contains_key(&(v.0 as usize)));
@@ -126,6 +156,7 @@ impl Plan {
                 kernel,
                 inputs: node.inputs.iter().map(|v| v.map(|v| v.0 as usize)).collect(),
                 outputs: node.outputs.iter().map(|v| v.map(|v| v.0 as usize)).collect(),
+                captures: node.captures().iter().map(|v| v.0 as usize).collect(),
                 free: vec![],
             });
         }
@@ -133,8 +164,7 @@ impl Plan {
         let keep: std::collections::HashSet<usize> = outputs.iter().map(|o| o.1).collect();
         let mut last_use: HashMap<usize, usize> = HashMap::new();
         for (i, s) in steps.iter().enumerate() {
-            let node = g.node(s.node)?;
-            for v in s.inputs.iter().flatten().copied().chain(node.captures().iter().map(|v| v.0 as usize)) {
+            for v in s.inputs.iter().flatten().chain(&s.captures).copied() {
                 last_use.insert(v, i);
             }
         }
@@ -147,7 +177,7 @@ impl Plan {
         let needed: std::collections::HashSet<usize> = steps.iter()
             .flat_map(|s| s.inputs.iter().flatten().copied().collect::<Vec<_>>())
             .chain(keep.iter().copied())
-            .chain(steps.iter().flat_map(|s| g.node(s.node).map(|n| n.captures().iter().map(|v| v.0 as usize).collect::<Vec<_>>()).unwrap_or_default()))
+            .chain(steps.iter().flat_map(|s| s.captures.iter().copied()))
             .collect();
         let mut constants: Vec<(usize, Tensor)> = consts.into_iter().filter(|(k, _)| needed.contains(k)).collect();
         constants.sort_by_key(|c| c.0);
@@ -185,12 +215,40 @@ impl Plan {
     }
 
     /// Runs the plan as a subgraph reached through `hooks.path` (or the main graph).
-    pub(crate) fn run_in(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>, mut profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
-        let report = |node: Option<NodeId>, output: usize, slot: usize, t: Tensor| -> Tensor {
-            let Some(sink) = hooks else { return t };
-            let ev = ValueEvent { node, output, value: self.value_ids[slot], name: &self.names[slot], path: sink.path };
-            sink.hooks.report(&ev, &t).unwrap_or(t)
-        };
+    pub(crate) fn run_in(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
+        let mut table = self.start(feeds, scope, hooks)?;
+        self.execute(&mut table, scope, hooks, profile, Schedule::All { keep: false })?;
+        self.collect_outputs(&table)
+    }
+
+    /// Runs the plan as a main graph and keeps every value: the outputs and the value table
+    /// (indexed by value id) for [`Plan::run_from`].
+    pub(crate) fn run_keeping(&self, feeds: Vec<Option<Tensor>>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<Tensor>, Vec<Option<Tensor>>)> {
+        let no_scope = |_: &str| None;
+        let lock = std::sync::Mutex::new(hooks);
+        let sink = Some(HookSink { hooks: &lock, path: &[] });
+        let mut table = self.start(feeds, &no_scope, sink)?;
+        self.execute(&mut table, &no_scope, sink, None, Schedule::All { keep: true })?;
+        Ok((self.collect_outputs(&table)?, table))
+    }
+
+    /// Re-runs part of a main-graph run from its value table `base` (of [`Plan::run_keeping`]):
+    /// the steps of the `dirty` nodes and every step downstream of them; the other values are
+    /// `base`'s. `hooks` sees (and may supply or replace) only what is re-run.
+    pub(crate) fn run_from(&self, base: &[Option<Tensor>], dirty: &HashSet<NodeId>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<Tensor>> {
+        if base.len() != self.slots {
+            return Err(RuntimeError::Kernel(format!("the values given hold {} slots, graph '{}' has {}: they come from another session", base.len(), self.graph, self.slots)));
+        }
+        let no_scope = |_: &str| None;
+        let lock = std::sync::Mutex::new(hooks);
+        let mut table = base.to_vec();
+        self.execute(&mut table, &no_scope, Some(HookSink { hooks: &lock, path: &[] }), None, Schedule::From { dirty })?;
+        self.collect_outputs(&table)
+    }
+
+    /// The value table before the first step: constants, fed inputs (reported to the hooks)
+    /// and values of enclosing graphs.
+    fn start(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Option<Tensor>>> {
         let mut table: Vec<Option<Tensor>> = vec![None; self.slots];
         for (slot, t) in &self.constants {
             table[*slot] = Some(t.clone());
@@ -199,38 +257,79 @@ impl Plan {
             let t = feeds.get_mut(i).and_then(|f| f.take()).or_else(|| input.default.clone())
                 .ok_or_else(|| RuntimeError::Input { input: input.name.clone(), reason: "is required but was not given".into() })?;
             check_input(input, &t)?;
-            table[input.slot] = Some(report(None, i, input.slot, t));
+            table[input.slot] = Some(self.report(hooks, None, i, input.slot, t));
         }
         for (name, slot) in &self.outers {
             table[*slot] = Some(scope(name).ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' reads '{name}' from an enclosing graph, which does not define it", self.graph)))?);
         }
+        Ok(table)
+    }
+
+    /// Reports a produced value to the hooks; returns it or its replacement.
+    fn report(&self, hooks: Option<HookSink>, node: Option<NodeId>, output: usize, slot: usize, t: Tensor) -> Tensor {
+        let Some(sink) = hooks else { return t };
+        let ev = ValueEvent { node, output, value: self.value_ids[slot], name: &self.names[slot], path: sink.path };
+        sink.hooks.report(&ev, &t).unwrap_or(t)
+    }
+
+    /// Runs the steps `schedule` selects over `table`.
+    fn execute(&self, table: &mut [Option<Tensor>], scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>, mut profile: Option<&mut Vec<StepTime>>, schedule: Schedule) -> RuntimeResult<()> {
+        let mut produced = match schedule {
+            Schedule::From { .. } => vec![false; self.slots],
+            Schedule::All { .. } => vec![],
+        };
         for step in &self.steps {
-            let started = profile.is_some().then(std::time::Instant::now);
-            let outs = {
-                let ins: Vec<Option<&Tensor>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
-                if let Some(missing) = step.inputs.iter().zip(&ins).position(|(s, t)| s.is_some() && t.is_none()) {
-                    return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("input {missing} has no value") });
+            if let Schedule::From { dirty } = schedule {
+                if !dirty.contains(&step.node) && !step.inputs.iter().flatten().chain(&step.captures).any(|&s| produced[s]) {
+                    continue;
                 }
-                let lookup = |name: &str| match self.by_name.get(name) {
-                    Some(&s) => table[s].clone().or_else(|| scope(name)),
-                    None => scope(name),
-                };
-                step.kernel.run(&ins, &RunCtx { scope: &lookup, hooks }).map_err(|e| locate(e, &step.label, &step.op))?
-            };
-            if outs.len() < step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
-                return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
             }
+            let started = profile.is_some().then(std::time::Instant::now);
+            let supplied = hooks.and_then(|sink| sink.hooks.supply(&NodeEvent { node: step.node, path: sink.path }));
+            let outs: Vec<Option<Tensor>> = match supplied {
+                Some(outs) if outs.len() != step.outputs.len() => {
+                    return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the hooks supplied {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
+                }
+                Some(outs) => outs,
+                None => self.compute(step, table, scope, hooks)?.into_iter().map(Some).collect(),
+            };
             for (k, (slot, t)) in step.outputs.iter().zip(outs).enumerate() {
                 let Some(slot) = slot else { continue };
-                table[*slot] = Some(report(Some(step.node), k, *slot, t));
+                table[*slot] = t.map(|t| self.report(hooks, Some(step.node), k, *slot, t));
+                if let Some(p) = produced.get_mut(*slot) {
+                    *p = true;
+                }
             }
-            for s in &step.free {
-                table[*s] = None;
+            if let Schedule::All { keep: false } = schedule {
+                for s in &step.free {
+                    table[*s] = None;
+                }
             }
             if let (Some(p), Some(t0)) = (profile.as_deref_mut(), started) {
                 p.push(StepTime { node: step.label.clone(), op: step.op.clone(), seconds: t0.elapsed().as_secs_f64() });
             }
         }
+        Ok(())
+    }
+
+    /// Runs one step's kernel on the values in `table`.
+    fn compute(&self, step: &Step, table: &[Option<Tensor>], scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Tensor>> {
+        let ins: Vec<Option<&Tensor>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
+        if let Some(missing) = step.inputs.iter().zip(&ins).position(|(s, t)| s.is_some() && t.is_none()) {
+            return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("input {missing} has no value") });
+        }
+        let lookup = |name: &str| match self.by_name.get(name) {
+            Some(&s) => table[s].clone().or_else(|| scope(name)),
+            None => scope(name),
+        };
+        let outs = step.kernel.run(&ins, &RunCtx { scope: &lookup, hooks }).map_err(|e| locate(e, &step.label, &step.op))?;
+        if outs.len() < step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
+            return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
+        }
+        Ok(outs)
+    }
+
+    fn collect_outputs(&self, table: &[Option<Tensor>]) -> RuntimeResult<Vec<Tensor>> {
         self.outputs.iter().map(|(name, slot)| {
             table[*slot].clone().ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' output '{name}' was not computed", self.graph)))
         }).collect()

@@ -1,9 +1,11 @@
 //! Sessions: a model planned once, run many times.
 
-use qforge_ir::{Model, Tensor};
+use std::collections::HashSet;
+
+use qforge_ir::{Model, NodeId, Tensor, ValueId};
 
 use crate::hooks::Hooks;
-use crate::plan::{Plan, StepTime};
+use crate::plan::{Folding, Plan, StepTime};
 use crate::{Registry, RuntimeError, RuntimeResult};
 
 /// How a session runs.
@@ -11,6 +13,19 @@ use crate::{Registry, RuntimeError, RuntimeResult};
 pub struct SessionOptions {
     /// Worker threads; 0 uses every core.
     pub threads: usize,
+}
+
+/// Every value of one run of a session's main graph (see [`Session::run_keeping`]).
+pub struct RunValues {
+    table: Vec<Option<Tensor>>,
+}
+
+impl RunValues {
+    /// The value `v` of the main graph as the run left it (`None`: never computed, or not a
+    /// value of the graph).
+    pub fn get(&self, v: ValueId) -> Option<&Tensor> {
+        self.table.get(v.0 as usize)?.as_ref()
+    }
 }
 
 /// A model ready to run: planned once (constants folded, kernels built), with its own
@@ -29,7 +44,12 @@ impl Session {
     /// Plans a model. Fails when an op is unsupported or a node's attributes are invalid,
     /// naming the node.
     pub fn with_options(model: &Model, opts: SessionOptions) -> RuntimeResult<Session> {
-        let plan = Plan::build(&model.graph, &model.opset_imports, Registry::builtin(), &Default::default())?;
+        Self::with_folding(model, opts, Folding::Constants)
+    }
+
+    /// [`Session::with_options`] with a choice of [`Folding`] for the main graph.
+    pub fn with_folding(model: &Model, opts: SessionOptions, folding: Folding) -> RuntimeResult<Session> {
+        let plan = Plan::build_with(&model.graph, &model.opset_imports, Registry::builtin(), &Default::default(), folding)?;
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()
             .map_err(|e| RuntimeError::Kernel(format!("cannot start {threads} worker threads: {e}")))?;
@@ -67,7 +87,32 @@ impl Session {
         Ok((outs, times))
     }
 
-    fn run_inner(&self, inputs: Vec<(String, Tensor)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Tensor)>> {
+    /// [`Session::run_with_hooks`], keeping every value of the main graph for
+    /// [`Session::run_from`] (memory holds all of them, not only the live ones).
+    pub fn run_keeping(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<(String, Tensor)>, RunValues)> {
+        let feeds = self.feeds(inputs)?;
+        let (outs, table) = self.pool.install(|| self.plan.run_keeping(feeds, hooks))?;
+        Ok((self.named(outs), RunValues { table }))
+    }
+
+    /// Recomputes part of a run: the `dirty` nodes of the main graph and every node
+    /// downstream of them (reading, directly or through a subgraph, a recomputed value) run
+    /// again, with `hooks`; every other value is taken from `base`, which must come from
+    /// [`Session::run_keeping`] of this session. Returns the outputs in graph order. The
+    /// result equals a full run when the hooks act on the recomputed nodes as they did on
+    /// `base`'s run everywhere else.
+    pub fn run_from(&self, base: &RunValues, dirty: &[NodeId], hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Tensor)>> {
+        let dirty: HashSet<NodeId> = dirty.iter().copied().collect();
+        let outs = self.pool.install(|| self.plan.run_from(&base.table, &dirty, hooks))?;
+        Ok(self.named(outs))
+    }
+
+    fn named(&self, outs: Vec<Tensor>) -> Vec<(String, Tensor)> {
+        self.plan.outputs.iter().map(|o| o.0.clone()).zip(outs).collect()
+    }
+
+    /// Feeds in the plan's input order, checking names.
+    fn feeds(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<Vec<Option<Tensor>>> {
         let mut feeds: Vec<Option<Tensor>> = vec![None; self.plan.inputs.len()];
         for (name, t) in inputs {
             let i = self.plan.inputs.iter().position(|p| p.name == name).ok_or_else(|| RuntimeError::Input {
@@ -78,8 +123,13 @@ impl Session {
                 return Err(RuntimeError::Input { input: name, reason: "is given more than once".into() });
             }
         }
+        Ok(feeds)
+    }
+
+    fn run_inner(&self, inputs: Vec<(String, Tensor)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Tensor)>> {
+        let feeds = self.feeds(inputs)?;
         let no_scope = |_: &str| None;
         let outs = self.pool.install(|| self.plan.run_profiled(feeds, &no_scope, hooks, profile))?;
-        Ok(self.plan.outputs.iter().map(|o| o.0.clone()).zip(outs).collect())
+        Ok(self.named(outs))
     }
 }

@@ -27,8 +27,17 @@ pub struct Histogram {
 }
 
 fn bin_of(x: f32, exp: i32) -> i64 {
-    // Scaling by a power of two is exact in f64 for every float32 and exponent used here.
-    (x as f64 * 2f64.powi(-exp)).floor() as i64
+    bin_at(x, 2f64.powi(-exp))
+}
+
+/// `floor(x * inv_width)` for a power-of-two `inv_width`: the product is exact in f64 for every
+/// float32 and exponent used here; truncation corrected downward for negative fractions (no
+/// libm call, so the binning loop stays tight).
+#[inline(always)]
+fn bin_at(x: f32, inv_width: f64) -> i64 {
+    let t = x as f64 * inv_width;
+    let k = t as i64;
+    k - i64::from(t < k as f64)
 }
 
 /// Bins spanned by `[min, max]` at width `2^exp`.
@@ -104,15 +113,8 @@ impl Histogram {
 
     /// Adds values. Non-finite values are counted separately.
     pub fn observe(&mut self, data: &[f32]) {
-        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
-        for &x in data {
-            if x.is_finite() {
-                lo = lo.min(x);
-                hi = hi.max(x);
-            } else {
-                self.nonfinite += 1;
-            }
-        }
+        let (lo, hi, nonfinite) = super::finite_extremes(data);
+        self.nonfinite += nonfinite;
         if lo > hi {
             return;
         }
@@ -120,9 +122,16 @@ impl Histogram {
         self.max = self.max.max(hi);
         self.coarsen(grid_exp(self.min, self.max, self.max_bins));
         self.cover(bin_of(lo, self.exp), bin_of(hi, self.exp));
-        for &x in data {
-            if x.is_finite() {
-                self.counts[(bin_of(x, self.exp) - self.first) as usize] += 1;
+        let inv_width = 2f64.powi(-self.exp);
+        let first = self.first;
+        let counts = &mut self.counts;
+        if nonfinite == 0 {
+            for &x in data {
+                counts[(bin_at(x, inv_width) - first) as usize] += 1;
+            }
+        } else {
+            for &x in data.iter().filter(|x| x.is_finite()) {
+                counts[(bin_at(x, inv_width) - first) as usize] += 1;
             }
         }
     }
@@ -153,6 +162,21 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bin_index_is_the_floor_at_edges_and_for_negatives() {
+        for exp in [-160, -20, -3, 0, 4] {
+            let w = 2f64.powi(exp);
+            for k in [-1_000_001i64, -3, -1, 0, 1, 7, 1_000_001] {
+                for x in [k as f64 * w, (k as f64 + 0.5) * w, (k as f64 + 1.0) * w - w / 1024.0] {
+                    let x = x as f32;
+                    if x.is_finite() {
+                        assert_eq!(bin_of(x, exp), (x as f64 / w).floor() as i64, "x {x} exp {exp}");
+                    }
+                }
+            }
+        }
+    }
 
     fn data(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed | 1;

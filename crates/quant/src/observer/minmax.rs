@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use super::AxisLayout;
+use super::{finite_extremes, AxisLayout};
 
 /// Running minimum and maximum, per tensor or per channel along `axis`
 /// (PyTorch's `MinMaxObserver` / `PerChannelMinMaxObserver`).
@@ -29,17 +29,10 @@ impl MinMax {
         self.ensure_channels(layout.channels)?;
         let mut nonfinite = 0u64;
         layout.for_each_run(data, |c, run| {
-            let (mut lo, mut hi) = (self.min[c], self.max[c]);
-            for &x in run {
-                if x.is_finite() {
-                    lo = lo.min(x);
-                    hi = hi.max(x);
-                } else {
-                    nonfinite += 1;
-                }
-            }
-            self.min[c] = lo;
-            self.max[c] = hi;
+            let (lo, hi, bad) = finite_extremes(run);
+            self.min[c] = self.min[c].min(lo);
+            self.max[c] = self.max[c].max(hi);
+            nonfinite += bad;
         });
         self.count += data.len() as u64 - nonfinite;
         self.nonfinite += nonfinite;

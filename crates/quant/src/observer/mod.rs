@@ -45,6 +45,39 @@ impl AxisLayout {
     }
 }
 
+/// The smallest and largest finite values of `run` (`+inf`/`-inf` when there are none) and
+/// the number of non-finite ones. The common all-finite case runs lane-wise with compare-select
+/// and integer bit tests, which vectorize; a run holding NaN or infinity is rescanned exactly.
+pub(crate) fn finite_extremes(run: &[f32]) -> (f32, f32, u64) {
+    const LANES: usize = 16;
+    const EXPONENT: u32 = 0x7f80_0000;
+    let mut lo = [f32::INFINITY; LANES];
+    let mut hi = [f32::NEG_INFINITY; LANES];
+    let mut bad = [0u32; LANES];
+    let mut chunks = run.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for k in 0..LANES {
+            let x = chunk[k];
+            lo[k] = if x < lo[k] { x } else { lo[k] };
+            hi[k] = if x > hi[k] { x } else { hi[k] };
+            bad[k] += u32::from(x.to_bits() & EXPONENT == EXPONENT);
+        }
+    }
+    let mut lo = lo.iter().copied().fold(f32::INFINITY, f32::min);
+    let mut hi = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut bad: u64 = bad.iter().map(|&b| b as u64).sum();
+    for &x in chunks.remainder() {
+        lo = if x < lo { x } else { lo };
+        hi = if x > hi { x } else { hi };
+        bad += u64::from(!x.is_finite());
+    }
+    if bad > 0 {
+        let finite = run.iter().copied().filter(|x| x.is_finite());
+        (lo, hi) = finite.fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), x| (l.min(x), h.max(x)));
+    }
+    (lo, hi, bad)
+}
+
 use crate::spec::{ObserverKind, RangeMethod};
 
 /// The calibration statistic of one quantized activation, chosen by its spec's

@@ -1,10 +1,12 @@
 //! Graph passes, one file each. Every pass returns what it changed and leaves a graph that
 //! passes `Graph::check`.
 
-mod fold_batch_norm;
+mod fold_affine;
+mod fold_constant_scales;
 mod fold_constants;
 mod upgrade_opset;
 
-pub use fold_batch_norm::fold_batch_norm;
+pub use fold_affine::fold_affine;
+pub use fold_constant_scales::fold_constant_scales;
 pub use fold_constants::fold_constants;
 pub use upgrade_opset::{upgrade_opset, Rewrite, UpgradeError, MAX_OPSET};

@@ -88,6 +88,16 @@ impl Window {
     }
 }
 
+impl Axis {
+    /// The output positions `[lo, hi)` whose input index `o * stride + offset` lies inside the
+    /// input (`offset` is a kernel tap's dilated position minus the leading padding).
+    fn valid_outputs(&self, offset: isize) -> (usize, usize) {
+        let lo = if offset >= 0 { 0 } else { ((-offset) as usize).div_ceil(self.stride) };
+        let hi = if (self.input as isize) <= offset { 0 } else { ((self.input as isize - offset - 1) as usize / self.stride + 1).min(self.output) };
+        (lo.min(self.output), hi.max(lo.min(self.output)))
+    }
+}
+
 /// Unfolds output rows `rows` of one image into columns:
 /// `col[(c*kh + i)*kw + j][(oy - rows.start)*ow + ox]`.
 fn im2col_rows(x: &[f32], channels: usize, h: Axis, w: Axis, rows: std::ops::Range<usize>, col: &mut [f32]) {
@@ -108,12 +118,15 @@ fn im2col_rows(x: &[f32], channels: usize, h: Axis, w: Axis, rows: std::ops::Ran
                         continue;
                     }
                     let src = &img[iy as usize * w.input..(iy as usize + 1) * w.input];
-                    if w.stride == 1 && off >= 0 && off as usize + ow <= w.input {
-                        dst.copy_from_slice(&src[off as usize..off as usize + ow]);
+                    let (lo, hi) = w.valid_outputs(off);
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    let start = (lo as isize * w.stride as isize + off) as usize;
+                    if w.stride == 1 {
+                        dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
                     } else {
-                        for (ox, d) in dst.iter_mut().enumerate() {
-                            let ix = (ox * w.stride) as isize + off;
-                            *d = if ix >= 0 && ix < w.input as isize { src[ix as usize] } else { 0.0 };
+                        for (d, s) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(w.stride)) {
+                            *d = *s;
                         }
                     }
                 }
@@ -244,20 +257,23 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
 }
 
 /// One filter per channel: a direct sliding window, channels in parallel. Each output row
-/// accumulates all its taps while it is in cache.
+/// accumulates all its taps while it is in cache. With a column stride `s > 1`, each input row
+/// is first split into its `s` phases (columns `p, p + s, ...`), so every tap reads a
+/// contiguous run and the multiply-add vectorizes.
 fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
     let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
-    let (oh, ow) = (h.output, wa.output);
-    // Valid output-column range per kernel column: input column inside the image.
-    let ranges: Vec<(usize, usize, isize)> = (0..kw).map(|kj| {
+    let (oh, ow, s) = (h.output, wa.output, wa.stride);
+    let phase_len = iw.div_ceil(s);
+    // Per kernel column: valid output columns, the phase it reads and that phase's offset.
+    let taps: Vec<(usize, usize, usize, isize)> = (0..kw).map(|kj| {
         let dx = (kj * wa.dilation) as isize - wa.pad_begin as isize;
-        let lo = if dx >= 0 { 0 } else { ((-dx) as usize).div_ceil(wa.stride) };
-        let hi = if (iw as isize) <= dx { 0 } else { ((iw as isize - dx - 1) as usize / wa.stride + 1).min(ow) };
-        (lo, hi.max(lo), dx)
+        let (lo, hi) = wa.valid_outputs(dx);
+        (lo, hi, dx.rem_euclid(s as isize) as usize, dx.div_euclid(s as isize))
     }).collect();
-    dst.par_chunks_mut(oh * ow).enumerate().for_each(|(ch, out)| {
+    dst.par_chunks_mut(oh * ow).enumerate().for_each_init(Vec::new, |phases: &mut Vec<f32>, (ch, out)| {
         let src = &img[ch * ih * iw..(ch + 1) * ih * iw];
         let k = &w[ch * kh * kw..(ch + 1) * kh * kw];
+        phases.resize(s * phase_len, 0.0);
         for oy in 0..oh {
             let o = &mut out[oy * ow..(oy + 1) * ow];
             o.fill(0.0);
@@ -267,17 +283,19 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
                     continue;
                 }
                 let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
-                for (kj, &(lo, hi, dx)) in ranges.iter().enumerate() {
+                let read: &[f32] = if s == 1 {
+                    row
+                } else {
+                    for (x, &v) in row.iter().enumerate() {
+                        phases[(x % s) * phase_len + x / s] = v;
+                    }
+                    phases
+                };
+                for (kj, &(lo, hi, phase, base)) in taps.iter().enumerate() {
                     let wt = k[ki * kw + kj];
-                    if wa.stride == 1 {
-                        let start = (lo as isize + dx) as usize;
-                        for (d, s) in o[lo..hi].iter_mut().zip(&row[start..start + (hi - lo)]) {
-                            *d += wt * s;
-                        }
-                    } else {
-                        for ox in lo..hi {
-                            o[ox] += wt * row[(ox as isize * wa.stride as isize + dx) as usize];
-                        }
+                    let start = ((phase * phase_len) as isize + lo as isize + base) as usize;
+                    for (d, v) in o[lo..hi].iter_mut().zip(&read[start..start + (hi - lo)]) {
+                        *d += wt * v;
                     }
                 }
             }

@@ -9,11 +9,22 @@ use super::elementwise::{from_f32, to_f32};
 use super::util::{axis as norm_axis, input, kernel, opt_input, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
-/// Registers `QuantizeLinear` and `DequantizeLinear`.
+/// Registers `QuantizeLinear` and `DequantizeLinear`, and ONNX Runtime's `com.microsoft`
+/// contrib forms of both.
 pub fn register(r: &mut Registry) {
     r.add("", "QuantizeLinear", 10, LATEST, quantize_linear);
     r.add("", "DequantizeLinear", 10, LATEST, dequantize_linear);
+    r.add(CONTRIB, "QuantizeLinear", 1, 1, quantize_linear);
+    r.add(CONTRIB, "DequantizeLinear", 1, 1, dequantize_linear);
 }
+
+/// ONNX Runtime's contrib domain.
+const CONTRIB: &str = "com.microsoft";
+
+/// The ONNX opset whose QuantizeLinear/DequantizeLinear a `com.microsoft` Q/DQ (version 1)
+/// behaves like: it takes opset 21's 8-, 16- and 4-bit types and `axis`, but has no
+/// `block_size` or `output_dtype`.
+const CONTRIB_EQUIVALENT_OPSET: i64 = 21;
 
 /// Elements per parallel chunk (a multiple of 4, so chunks of packed outputs end on bytes).
 const CHUNK: usize = 1 << 15;
@@ -28,12 +39,13 @@ struct Attrs {
 }
 
 fn read_attrs(info: &NodeInfo) -> RuntimeResult<Attrs> {
-    let opset = info.opset;
-    let block_size = if opset >= 21 { info.attr_int("block_size", 0) } else { 0 };
+    let contrib = info.node.domain == CONTRIB;
+    let opset = if contrib { CONTRIB_EQUIVALENT_OPSET } else { info.opset };
+    let block_size = if opset >= 21 && !contrib { info.attr_int("block_size", 0) } else { 0 };
     if block_size < 0 {
         return Err(info.error(format!("block_size must be positive, got {block_size}")));
     }
-    let code = if opset >= 21 { info.attr_int("output_dtype", 0) } else { 0 };
+    let code = if opset >= 21 && !contrib { info.attr_int("output_dtype", 0) } else { 0 };
     let output_dtype = match code {
         0 => None,
         c => Some(i32::try_from(c).ok().and_then(DType::from_onnx).ok_or_else(|| info.error(format!("output_dtype {c} is not an ONNX type")))?),

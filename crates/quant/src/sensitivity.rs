@@ -1,0 +1,714 @@
+//! Sensitivity analysis and the accuracy budget.
+//!
+//! A *unit* is what one decision quantizes or keeps in float: an observation group
+//! ([`crate::prepare::Group`], one set of qparams) or a quantized constant input (a weight; the
+//! bias derived from it follows it). The model is calibrated and converted once. Trials run the
+//! QDQ model in a [`Session`] planned without constant folding ([`Folding::Off`]), with hooks
+//! that switch units off: a switched-off unit's `DequantizeLinear` is supplied its float
+//! original (the input of its `QuantizeLinear`, or the float constant) and that
+//! `QuantizeLinear` is skipped. A `DequantizeLinear` owned by several units (a bias: its input's
+//! group and its weight) is quantized only while all of them are, as convert would emit it.
+//! No model is re-exported per trial.
+//!
+//! Per sample, two runs are kept: every unit off (the float model) and every unit on. Each trial
+//! recomputes only the nodes downstream of its unit ([`Session::run_from`]), as many trials at
+//! once as the session has threads:
+//! * *only this unit quantized*: from the float run, with the unit on;
+//! * *only this unit float*: from the quantized run, with the unit off.
+//!
+//! Every graph output is compared with the float run's over all samples, with the figures of
+//! [`crate::compare`] (SQNR, cosine, MSE, max error).
+//!
+//! The accuracy budget ([`quantize_within_budget`]) ranks the units this way, then returns them
+//! to float greedily, most sensitive first, re-measuring after each change and keeping a change
+//! only when it lowers the error, until the budget is met. Returning a unit to float removes its
+//! edges from the annotations, so convert inserts no Q/DQ for it.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use qforge_ir::{Graph, Model, NodeId, Tensor, ValueId};
+use qforge_runtime::{Folding, Hooks, NodeEvent, RunValues, Session, SessionOptions, ValueEvent};
+use serde::Serialize;
+
+use crate::annotation::FloatKind;
+use crate::compare::{db, graph_index, Metrics, Sums};
+use crate::convert::{ConvertLog, Dequantized};
+use crate::pipeline::{calibrate, convert, convert_logged, Calibrated, QuantizeError, QuantizeOptions, SampleSource};
+use crate::prepare::{defining_value, edge_value, graphs, qtype_of, resolve, GraphPath};
+use crate::quantizer::Quantizer;
+use crate::report::Report;
+use crate::spec::{Edge, Spec};
+
+/// Errors of a sensitivity analysis or a budgeted quantization.
+#[derive(Debug, thiserror::Error)]
+pub enum SensitivityError {
+    #[error(transparent)]
+    Quantize(#[from] QuantizeError),
+    #[error("the QDQ model: {0}")]
+    Model(String),
+    #[error("sample '{sample}': {reason}")]
+    Sample { sample: String, reason: String },
+    #[error("nothing to analyze: the model has no quantized activation or constant")]
+    NothingQuantized,
+}
+
+/// What a decision quantizes or keeps in float.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Unit {
+    /// Observation group `group` of the plan.
+    Activation { group: usize },
+    /// The quantized constant read by input `input` of `node` in plan graph `graph`.
+    Constant { graph: usize, node: NodeId, input: usize },
+}
+
+/// A unit as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitRecord {
+    /// The unit's index in the analysis (stable for one model, quantizer and calibration).
+    pub id: usize,
+    /// `activation` (an observation group) or `constant` (a quantized constant input such as a
+    /// weight, with the bias derived from it).
+    pub kind: &'static str,
+    /// The observation group, for an activation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<usize>,
+    /// The float values it quantizes (`graph:value` inside subgraphs).
+    pub values: Vec<String>,
+    /// The nodes whose quantized edges it holds (`graph:node` inside subgraphs).
+    pub nodes: Vec<String>,
+    /// Their op types, in the same order.
+    pub ops: Vec<String>,
+}
+
+/// One graph output of a trial compared with the float model's, over all samples.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputError {
+    pub output: String,
+    #[serde(flatten)]
+    pub metrics: Metrics,
+}
+
+/// The lowest SQNR over the outputs (NaN when none was compared).
+fn lowest_sqnr(outputs: &[OutputError]) -> f64 {
+    outputs.iter().map(|o| o.metrics.sqnr_db).filter(|x| !x.is_nan()).min_by(f64::total_cmp).unwrap_or(f64::NAN)
+}
+
+/// The lowest cosine over the outputs (NaN when none was compared).
+fn lowest_cosine(outputs: &[OutputError]) -> f64 {
+    outputs.iter().map(|o| o.metrics.cosine).filter(|x| !x.is_nan()).min_by(f64::total_cmp).unwrap_or(f64::NAN)
+}
+
+/// How the outputs react to one unit.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitSensitivity {
+    #[serde(flatten)]
+    pub unit: UnitRecord,
+    /// The lowest output SQNR when only this unit is quantized.
+    #[serde(serialize_with = "db")]
+    pub only_quantized_sqnr_db: f64,
+    /// The lowest output cosine when only this unit is quantized.
+    pub only_quantized_cosine: f64,
+    /// The lowest output SQNR when only this unit is float (every other unit quantized).
+    #[serde(serialize_with = "db")]
+    pub only_float_sqnr_db: f64,
+    /// The lowest output cosine when only this unit is float.
+    pub only_float_cosine: f64,
+    /// Every output, only this unit quantized.
+    pub only_quantized: Vec<OutputError>,
+    /// Every output, only this unit float.
+    pub only_float: Vec<OutputError>,
+}
+
+/// What a sensitivity analysis found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sensitivity {
+    pub samples: usize,
+    /// Every unit quantized (the converted model) against the float model.
+    pub all_quantized: Vec<OutputError>,
+    /// The lowest output SQNR with every unit quantized.
+    #[serde(serialize_with = "db")]
+    pub all_quantized_sqnr_db: f64,
+    /// The units, most sensitive first: lowest "only quantized" SQNR, ties broken by the
+    /// highest "only float" SQNR.
+    pub ranking: Vec<UnitSensitivity>,
+    /// Units the converted model has no Q/DQ for, with the reason.
+    pub not_measured: Vec<String>,
+    pub seconds: f64,
+}
+
+/// Where a switched-off `DequantizeLinear` takes its float value from.
+enum FloatSource {
+    /// A value of the QDQ model: `(graph index, value)` where it is defined.
+    Value((usize, ValueId)),
+    Constant(Tensor),
+}
+
+/// One inserted `DequantizeLinear`: the units that own it and its float original.
+struct Switch {
+    owners: Vec<usize>,
+    source: FloatSource,
+}
+
+/// The QDQ model planned for trials, with every unit's switches.
+struct Switchboard {
+    session: Session,
+    paths: Vec<GraphPath>,
+    /// `DequantizeLinear` nodes by `(graph index, node)`.
+    switches: HashMap<(usize, NodeId), Switch>,
+    /// `QuantizeLinear` nodes read only by a switch, to that switch.
+    quantizers: HashMap<(usize, NodeId), (usize, NodeId)>,
+    /// Float sources to record as they are produced.
+    sources: HashSet<(usize, ValueId)>,
+    /// Per unit, the main-graph nodes to recompute when it changes (empty: no Q/DQ).
+    dirty: Vec<Vec<NodeId>>,
+}
+
+/// Trial hooks: switches off the units marked in `off`.
+struct Trial<'a> {
+    board: &'a Switchboard,
+    off: &'a [bool],
+    base: Option<&'a RunValues>,
+    seen: HashMap<(usize, ValueId), Tensor>,
+    missing: Option<String>,
+}
+
+impl<'a> Trial<'a> {
+    fn new(board: &'a Switchboard, off: &'a [bool], base: Option<&'a RunValues>) -> Trial<'a> {
+        Trial { board, off, base, seen: HashMap::new(), missing: None }
+    }
+
+    fn is_off(&self, key: &(usize, NodeId)) -> bool {
+        self.board.switches.get(key).is_some_and(|s| s.owners.iter().any(|&u| self.off[u]))
+    }
+
+    fn float_value(&mut self, source: &FloatSource) -> Option<Tensor> {
+        match source {
+            FloatSource::Constant(t) => Some(t.clone()),
+            FloatSource::Value(key) => {
+                let found = self.seen.get(key).cloned().or_else(|| if key.0 == 0 { self.base.and_then(|b| b.get(key.1)).cloned() } else { None });
+                if found.is_none() {
+                    self.missing.get_or_insert_with(|| format!("the float value {key:?} of a switched-off DequantizeLinear was not computed"));
+                }
+                found
+            }
+        }
+    }
+
+    fn finish(self) -> Result<(), String> {
+        self.missing.map_or(Ok(()), Err)
+    }
+}
+
+impl Hooks for Trial<'_> {
+    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
+        let gi = graph_index(&self.board.paths, event.path)?;
+        if self.board.sources.contains(&(gi, event.value)) {
+            self.seen.insert((gi, event.value), value.clone());
+        }
+        None
+    }
+
+    fn supply(&mut self, event: &NodeEvent) -> Option<Vec<Option<Tensor>>> {
+        let gi = graph_index(&self.board.paths, event.path)?;
+        let key = (gi, event.node);
+        if let Some(dq) = self.board.quantizers.get(&key) {
+            return self.is_off(dq).then(|| vec![None]);
+        }
+        if !self.is_off(&key) {
+            return None;
+        }
+        let source = &self.board.switches.get(&key)?.source;
+        self.float_value(source).map(|t| vec![Some(t)])
+    }
+}
+
+/// The units of a calibrated plan: every observation group, then every constant input
+/// annotated `Quantize`.
+fn units(c: &Calibrated) -> Vec<Unit> {
+    let all = graphs(&c.model.graph);
+    let mut units: Vec<Unit> = (0..c.plan.groups.len()).map(|group| Unit::Activation { group }).collect();
+    for (gi, gp) in c.plan.graphs.iter().enumerate() {
+        let g = all[gi].1;
+        for (&node, ann) in &gp.annotations.nodes {
+            for (input, s) in ann.inputs.iter().enumerate() {
+                let constant = edge_value(g, Edge::Input { node, index: input }).is_some_and(|v| g.value(v).is_ok_and(|x| x.is_constant()));
+                if constant && matches!(s, Some(Spec::Quantize(_))) {
+                    units.push(Unit::Constant { graph: gi, node, input });
+                }
+            }
+        }
+    }
+    units
+}
+
+/// The annotated edges of plan graph `gi` whose point belongs to observation group `group`.
+fn group_edges(c: &Calibrated, g: &Graph, gi: usize, group: usize) -> Vec<Edge> {
+    let gp = &c.plan.graphs[gi];
+    let a = &gp.annotations;
+    let mut edges = vec![];
+    for (&node, ann) in &a.nodes {
+        let inputs = (0..ann.inputs.len()).map(|index| Edge::Input { node, index });
+        let outputs = (0..ann.outputs.len()).map(|index| Edge::Output { node, index });
+        for e in inputs.chain(outputs) {
+            let Some(qt) = resolve(a, e, 0).and_then(qtype_of) else { continue };
+            if edge_value(g, e).and_then(|v| gp.points.get(&(v, qt))) == Some(&group) {
+                edges.push(e);
+            }
+        }
+    }
+    edges
+}
+
+fn edge_node(e: Edge) -> NodeId {
+    match e {
+        Edge::Input { node, .. } | Edge::Output { node, .. } => node,
+    }
+}
+
+/// A unit's record for reports.
+fn record(c: &Calibrated, units: &[Unit], id: usize) -> UnitRecord {
+    let all = graphs(&c.model.graph);
+    let qualified = |gi: usize, name: String| if gi == 0 { name } else { format!("{}:{name}", all[gi].1.name) };
+    let mut values = vec![];
+    let mut nodes: Vec<(usize, NodeId)> = vec![];
+    let (kind, group) = match units[id] {
+        Unit::Activation { group } => {
+            for &(gi, v) in &c.plan.groups[group].points {
+                values.push(qualified(gi, all[gi].1.value_name(v)));
+            }
+            for (gi, (_, g)) in all.iter().enumerate() {
+                nodes.extend(group_edges(c, g, gi, group).into_iter().map(|e| (gi, edge_node(e))));
+            }
+            ("activation", Some(group))
+        }
+        Unit::Constant { graph, node, input } => {
+            let g = all[graph].1;
+            if let Some(v) = edge_value(g, Edge::Input { node, index: input }) {
+                values.push(qualified(graph, g.value_name(v)));
+            }
+            nodes.push((graph, node));
+            ("constant", None)
+        }
+    };
+    let nodes: BTreeSet<(usize, NodeId)> = nodes.into_iter().collect();
+    let (names, ops) = nodes.iter().filter_map(|&(gi, n)| {
+        let node = all[gi].1.node(n).ok()?;
+        Some((qualified(gi, node.display_name(n)), node.qualified_op()))
+    }).unzip();
+    UnitRecord { id, kind, group, values, nodes: names, ops }
+}
+
+impl Switchboard {
+    /// Plans `qdq` (converted from `c`, with `logs`) for trials over `units`.
+    fn new(c: &Calibrated, units: &[Unit], qdq: &Model, logs: &[ConvertLog], threads: usize) -> Result<Switchboard, SensitivityError> {
+        let session = Session::with_folding(qdq, SessionOptions { threads }, Folding::Off).map_err(|e| SensitivityError::Model(e.to_string()))?;
+        let all_q = graphs(&qdq.graph);
+        let all_f = graphs(&c.model.graph);
+        let paths: Vec<GraphPath> = all_q.iter().map(|(p, _)| p.clone()).collect();
+        let unit_index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, u)| (*u, i)).collect();
+        let mut board = Switchboard { session, paths, switches: HashMap::new(), quantizers: HashMap::new(), sources: HashSet::new(), dirty: vec![vec![]; units.len()] };
+        for (gi, log) in logs.iter().enumerate() {
+            let Some(qi) = board.paths.iter().position(|p| *p == c.plan.graphs[gi].path) else { continue };
+            let (gq, gf) = (all_q[qi].1, all_f[gi].1);
+            let gp = &c.plan.graphs[gi];
+            for &(d, what) in &log.dequantized {
+                let Some((dq, _)) = gq.producer(d) else { continue };
+                let (owners, source, quantizer) = match what {
+                    Dequantized::Activation { group, float } => {
+                        let Some(at) = defining_value(&all_q, qi, float) else { continue };
+                        let quantizer = gq.node(dq).ok().and_then(|n| n.input(0)).and_then(|q| gq.producer(q)).map(|(n, _)| n)
+                            .filter(|&n| gq.node(n).is_ok_and(|x| x.op_type == "QuantizeLinear"))
+                            .filter(|&n| gq.node(n).ok().and_then(|x| x.output(0)).is_some_and(|o| gq.consumers(o) == [(dq, 0)]));
+                        (vec![unit_index[&Unit::Activation { group }]], FloatSource::Value(at), quantizer)
+                    }
+                    Dequantized::Constant { node, input, float } => {
+                        let Some(data) = gf.value(float).ok().and_then(|v| v.initializer()).cloned() else { continue };
+                        let owners = match gp.annotations.get(node).and_then(|a| a.input(input)) {
+                            Some(Spec::Derived { from, .. }) => from.iter().filter_map(|&e| match e {
+                                Edge::Input { node: wn, index } if gf.value(gf.node(wn).ok()?.input(index)?).is_ok_and(|v| v.is_constant()) => {
+                                    unit_index.get(&Unit::Constant { graph: gi, node: wn, input: index }).copied()
+                                }
+                                e => {
+                                    let qt = resolve(&gp.annotations, e, 0).and_then(qtype_of)?;
+                                    let group = *gp.points.get(&(edge_value(gf, e)?, qt))?;
+                                    unit_index.get(&Unit::Activation { group }).copied()
+                                }
+                            }).collect(),
+                            _ => unit_index.get(&Unit::Constant { graph: gi, node, input }).into_iter().copied().collect(),
+                        };
+                        (owners, FloatSource::Constant(data), None)
+                    }
+                };
+                let main_nodes: Vec<NodeId> = match board.paths[qi].first() {
+                    Some(&(owner, _)) => vec![owner],
+                    None => std::iter::once(dq).chain(quantizer).collect(),
+                };
+                for &u in &owners {
+                    board.dirty[u].extend(&main_nodes);
+                }
+                if let FloatSource::Value(at) = source {
+                    board.sources.insert(at);
+                }
+                if let Some(q) = quantizer {
+                    board.quantizers.insert((qi, q), (qi, dq));
+                }
+                let switch = board.switches.entry((qi, dq)).or_insert(Switch { owners: vec![], source });
+                for u in owners {
+                    if !switch.owners.contains(&u) {
+                        switch.owners.push(u);
+                    }
+                }
+            }
+        }
+        for d in &mut board.dirty {
+            d.sort();
+            d.dedup();
+        }
+        Ok(board)
+    }
+
+    /// A full run with the units marked in `off` switched off.
+    fn run(&self, feed: Vec<(String, Tensor)>, off: &[bool]) -> Result<Vec<(String, Tensor)>, String> {
+        let mut hooks = Trial::new(self, off, None);
+        let out = self.session.run_with_hooks(feed, &mut hooks).map_err(|e| e.to_string())?;
+        hooks.finish()?;
+        Ok(out)
+    }
+
+    /// [`Switchboard::run`], keeping every value for [`Switchboard::run_from`].
+    fn run_keeping(&self, feed: Vec<(String, Tensor)>, off: &[bool]) -> Result<(Vec<(String, Tensor)>, RunValues), String> {
+        let mut hooks = Trial::new(self, off, None);
+        let out = self.session.run_keeping(feed, &mut hooks).map_err(|e| e.to_string())?;
+        hooks.finish()?;
+        Ok(out)
+    }
+
+    /// Re-runs `base` (kept with every unit but `unit` as in `off`) with `unit` as in `off`.
+    fn run_from(&self, base: &RunValues, unit: usize, off: &[bool]) -> Result<Vec<(String, Tensor)>, String> {
+        let mut hooks = Trial::new(self, off, Some(base));
+        let out = self.session.run_from(base, &self.dirty[unit], &mut hooks).map_err(|e| e.to_string())?;
+        hooks.finish()?;
+        Ok(out)
+    }
+}
+
+/// Streaming output comparison: one [`Sums`] per graph output.
+#[derive(Clone)]
+struct OutputSums(Vec<Sums>);
+
+impl OutputSums {
+    fn new(outputs: usize) -> OutputSums {
+        OutputSums(vec![Sums::default(); outputs])
+    }
+
+    fn add(&mut self, float: &[(String, Tensor)], trial: &[(String, Tensor)]) {
+        for ((s, (_, x)), (_, y)) in self.0.iter_mut().zip(float).zip(trial) {
+            if let Some(d) = Sums::of_tensors(x, y) {
+                *s = s.merge(d);
+            }
+        }
+    }
+
+    fn errors(&self, names: &[String]) -> Vec<OutputError> {
+        names.iter().zip(&self.0).map(|(n, s)| OutputError { output: n.clone(), metrics: s.metrics() }).collect()
+    }
+}
+
+fn sample_error(samples: &dyn SampleSource, i: usize) -> impl Fn(String) -> SensitivityError + '_ {
+    move |reason| SensitivityError::Sample { sample: samples.name(i), reason }
+}
+
+/// Progress of an analysis: after each unit of each sample, `(sample, samples, unit, units)`
+/// (1-based counts).
+pub type Progress<'a> = dyn FnMut(usize, usize, usize, usize) + 'a;
+
+/// Measures every unit of a calibrated model on `samples` (see the module documentation);
+/// `threads` worker threads (0: all cores). `c` is not modified.
+pub fn analyze(c: &Calibrated, samples: &dyn SampleSource, threads: usize, progress: &mut Progress) -> Result<Sensitivity, SensitivityError> {
+    analyze_with_board(c, samples, threads, progress).map(|(s, _, _)| s)
+}
+
+/// [`analyze`], also returning the units and the switchboard for further trials.
+fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize, progress: &mut Progress) -> Result<(Sensitivity, Vec<Unit>, Switchboard), SensitivityError> {
+    if samples.len() == 0 {
+        return Err(QuantizeError::NoSamples.into());
+    }
+    let started = Instant::now();
+    let units = units(c);
+    if units.is_empty() {
+        return Err(SensitivityError::NothingQuantized);
+    }
+    let (qdq, _, logs) = convert_logged(c.clone())?;
+    let board = Switchboard::new(c, &units, &qdq, &logs, threads)?;
+    let measured: Vec<usize> = (0..units.len()).filter(|&u| !board.dirty[u].is_empty()).collect();
+    let names: Vec<String> = board.session.output_names().iter().map(|s| s.to_string()).collect();
+    let mut all_quantized = OutputSums::new(names.len());
+    let mut only_quantized = vec![OutputSums::new(names.len()); units.len()];
+    let mut only_float = vec![OutputSums::new(names.len()); units.len()];
+    let (all_on, all_off) = (vec![false; units.len()], vec![true; units.len()]);
+    for i in 0..samples.len() {
+        let fail = sample_error(samples, i);
+        let feed = samples.load(i).map_err(&fail)?;
+        let (float_out, float_run) = board.run_keeping(feed.clone(), &all_off).map_err(&fail)?;
+        let (quant_out, quant_run) = board.run_keeping(feed, &all_on).map_err(&fail)?;
+        all_quantized.add(&float_out, &quant_out);
+        let next = AtomicUsize::new(0);
+        let trial = |u: usize| -> Result<(usize, Vec<(String, Tensor)>, Vec<(String, Tensor)>), String> {
+            let mut off = all_off.clone();
+            off[u] = false;
+            let quantized = board.run_from(&float_run, u, &off)?;
+            let mut off = all_on.clone();
+            off[u] = true;
+            Ok((u, quantized, board.run_from(&quant_run, u, &off)?))
+        };
+        std::thread::scope(|scope| -> Result<(), SensitivityError> {
+            let (sender, results) = mpsc::channel();
+            for _ in 0..board.session.threads().max(1) {
+                let (sender, next, measured, trial) = (sender.clone(), &next, &measured, &trial);
+                scope.spawn(move || {
+                    while let Some(&u) = measured.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if sender.send(trial(u)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(sender);
+            for (done, result) in results.iter().enumerate() {
+                let (u, quantized, float) = result.map_err(&fail)?;
+                only_quantized[u].add(&float_out, &quantized);
+                only_float[u].add(&float_out, &float);
+                progress(i + 1, samples.len(), done + 1, measured.len());
+            }
+            Ok(())
+        })?;
+    }
+    let mut ranking: Vec<UnitSensitivity> = measured.iter().map(|&u| {
+        let (q, f) = (only_quantized[u].errors(&names), only_float[u].errors(&names));
+        UnitSensitivity {
+            unit: record(c, &units, u),
+            only_quantized_sqnr_db: lowest_sqnr(&q),
+            only_quantized_cosine: lowest_cosine(&q),
+            only_float_sqnr_db: lowest_sqnr(&f),
+            only_float_cosine: lowest_cosine(&f),
+            only_quantized: q,
+            only_float: f,
+        }
+    }).collect();
+    ranking.sort_by(|a, b| a.only_quantized_sqnr_db.total_cmp(&b.only_quantized_sqnr_db).then(b.only_float_sqnr_db.total_cmp(&a.only_float_sqnr_db)));
+    let not_measured = (0..units.len()).filter(|&u| board.dirty[u].is_empty()).map(|u| {
+        let r = record(c, &units, u);
+        format!("{} {}: the converted model has no Q/DQ for it", r.kind, r.values.join(", "))
+    }).collect();
+    let all_quantized = all_quantized.errors(&names);
+    let sensitivity = Sensitivity {
+        samples: samples.len(),
+        all_quantized_sqnr_db: lowest_sqnr(&all_quantized),
+        all_quantized,
+        ranking,
+        not_measured,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok((sensitivity, units, board))
+}
+
+/// Calibrates `model` with `quantizer` ([`calibrate`]) and measures every unit ([`analyze`]).
+pub fn sensitivity(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, progress: &mut Progress) -> Result<Sensitivity, SensitivityError> {
+    let c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
+    analyze(&c, samples, opts.threads, progress)
+}
+
+/// The graph outputs of one sample: the float model's and a trial's, in graph order.
+pub struct SampleOutputs {
+    pub float: Vec<(String, Tensor)>,
+    pub trial: Vec<(String, Tensor)>,
+}
+
+/// An accuracy budget: `error` scores a trial from the outputs of every sample (lower is
+/// better) and the budget is met when the score is at most `max_error`.
+pub struct Budget<'a> {
+    /// What `error` measures, for the report.
+    pub metric: String,
+    pub error: Box<dyn Fn(&[SampleOutputs]) -> f64 + 'a>,
+    pub max_error: f64,
+}
+
+/// The relative RMS error `sqrt(Σ(x−y)²/Σx²)` of the worst graph output over all samples
+/// (float outputs only; 0 when they are equal). It is `10^(−SQNR/20)`.
+pub fn relative_rms_error(outputs: &[SampleOutputs]) -> f64 {
+    let Some(first) = outputs.first() else { return 0.0 };
+    let mut sums = OutputSums::new(first.float.len());
+    for s in outputs {
+        sums.add(&s.float, &s.trial);
+    }
+    sums.0.iter().map(|s| s.metrics().sqnr_db).filter(|x| !x.is_nan()).map(|db| 10f64.powf(-db / 20.0)).fold(0.0, f64::max)
+}
+
+impl Budget<'static> {
+    /// At most `max` relative RMS error on every graph output ([`relative_rms_error`]).
+    pub fn relative_rms(max: f64) -> Budget<'static> {
+        Budget { metric: "relative RMS error of the worst output".into(), error: Box::new(relative_rms_error), max_error: max }
+    }
+
+    /// At least `min_db` SQNR on every graph output: a relative RMS error of at most
+    /// `10^(−min_db/20)`.
+    pub fn min_sqnr(min_db: f64) -> Budget<'static> {
+        Budget::relative_rms(10f64.powf(-min_db / 20.0))
+    }
+}
+
+/// One step of the accuracy budget.
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetDecision {
+    pub unit: UnitRecord,
+    /// The error before and with this unit in float (the others as decided so far).
+    pub error_before: f64,
+    pub error_with_unit_float: f64,
+    /// Whether the unit stays float (it lowered the error); otherwise it stays quantized.
+    pub kept_float: bool,
+}
+
+/// What the accuracy budget did.
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetOutcome {
+    pub metric: String,
+    pub max_error: f64,
+    /// The error with every unit quantized, and with the decisions applied.
+    pub error_all_quantized: f64,
+    pub error_final: f64,
+    pub met: bool,
+    /// Units measured, and units returned to float.
+    pub units: usize,
+    pub units_float: usize,
+    pub decisions: Vec<BudgetDecision>,
+    /// The sensitivity ranking the decisions followed.
+    pub ranking: Vec<UnitSensitivity>,
+    pub seconds: f64,
+}
+
+/// Progress of a budgeted quantization, for people.
+pub enum BudgetProgress {
+    Calibrated { samples: usize },
+    /// As [`Progress`].
+    Analysis { sample: usize, samples: usize, unit: usize, units: usize },
+    /// After decision `step` (1-based), with the error reached.
+    Decision { step: usize, error: f64 },
+}
+
+/// Quantizes `model` so that the outputs stay within `budget`: calibrates once, ranks the
+/// units ([`analyze`]), then returns units to float most sensitive first, re-measuring the
+/// error on every sample after each change and keeping the change only when it lowers the
+/// error, until the budget is met (or the ranking is exhausted: the report then says it was
+/// not met). Each unit returned to float loses its annotated edges, so convert emits no Q/DQ
+/// for it; the nodes it touched are reported float with [`FloatKind::AccuracyBudget`].
+/// The report's `accuracy_budget` lists every decision.
+pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
+    let started = Instant::now();
+    let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
+    progress(BudgetProgress::Calibrated { samples: samples.len() });
+    let (analysis, units, board) = analyze_with_board(&c, samples, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
+    let mut float_outputs = vec![];
+    for i in 0..samples.len() {
+        let feed = samples.load(i).map_err(sample_error(samples, i))?;
+        float_outputs.push(board.run(feed, &vec![true; units.len()]).map_err(sample_error(samples, i))?);
+    }
+    let measure = |off: &[bool]| -> Result<f64, SensitivityError> {
+        let mut outputs = vec![];
+        for (i, float) in float_outputs.iter().enumerate() {
+            let feed = samples.load(i).map_err(sample_error(samples, i))?;
+            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed, off).map_err(sample_error(samples, i))? });
+        }
+        Ok((budget.error)(&outputs))
+    };
+    let mut off = vec![false; units.len()];
+    let error_all_quantized = measure(&off)?;
+    let mut error = error_all_quantized;
+    let mut decisions = vec![];
+    for entry in &analysis.ranking {
+        if error <= budget.max_error {
+            break;
+        }
+        let u = entry.unit.id;
+        off[u] = true;
+        let with_float = measure(&off)?;
+        let kept_float = with_float < error;
+        decisions.push(BudgetDecision { unit: entry.unit.clone(), error_before: error, error_with_unit_float: with_float, kept_float });
+        if kept_float {
+            error = with_float;
+        } else {
+            off[u] = false;
+        }
+        progress(BudgetProgress::Decision { step: decisions.len(), error });
+    }
+    let float_ids: Vec<usize> = off.iter().enumerate().filter(|(_, &o)| o).map(|(u, _)| u).collect();
+    keep_units_float(&mut c, &float_ids);
+    let outcome = BudgetOutcome {
+        metric: budget.metric.clone(),
+        max_error: budget.max_error,
+        error_all_quantized,
+        error_final: error,
+        met: error <= budget.max_error,
+        units: analysis.ranking.len(),
+        units_float: off.iter().filter(|&&o| o).count(),
+        decisions,
+        ranking: analysis.ranking,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let (m, mut report) = convert(c)?;
+    report.accuracy_budget = Some(outcome);
+    Ok((m, report))
+}
+
+/// Returns the units `ids` (as [`UnitRecord::id`] numbers them) to float in `c`: their annotated
+/// edges are cleared, so convert emits no Q/DQ for them nor the biases derived from them, and
+/// the nodes they touch are reported float with [`FloatKind::AccuracyBudget`]. Unknown ids are
+/// ignored.
+pub fn keep_units_float(c: &mut Calibrated, ids: &[usize]) {
+    let units = units(c);
+    for &u in ids.iter().filter(|&&u| u < units.len()) {
+        keep_unit_float(c, &units, u);
+    }
+}
+
+fn keep_unit_float(c: &mut Calibrated, units: &[Unit], u: usize) {
+    let record = record(c, units, u);
+    let reason = format!("accuracy budget: {} {} returned to float", record.kind, record.values.join(", "));
+    let mut cleared: Vec<(usize, Edge)> = vec![];
+    {
+        let all = graphs(&c.model.graph);
+        match units[u] {
+            Unit::Activation { group } => {
+                for (gi, (_, g)) in all.iter().enumerate() {
+                    cleared.extend(group_edges(c, g, gi, group).into_iter().map(|e| (gi, e)));
+                }
+            }
+            Unit::Constant { graph, node, input } => cleared.push((graph, Edge::Input { node, index: input })),
+        }
+    }
+    let all = graphs(&c.model.graph);
+    for &(gi, e) in &cleared {
+        let a = &mut c.plan.graphs[gi].annotations;
+        if let Some(ann) = a.nodes.get_mut(&edge_node(e)) {
+            let slot = match e {
+                Edge::Input { index, .. } => ann.inputs.get_mut(index),
+                Edge::Output { index, .. } => ann.outputs.get_mut(index),
+            };
+            if let Some(s) = slot {
+                *s = None;
+            }
+        }
+        a.keep_float(edge_node(e), FloatKind::AccuracyBudget, reason.clone());
+        let g = all[gi].1;
+        let Ok(node) = g.node(edge_node(e)) else { continue };
+        let name = node.display_name(edge_node(e));
+        for n in c.report.nodes.iter_mut().filter(|n| n.graph == g.name && n.name == name && n.quantized) {
+            n.quantized = false;
+            n.rule = None;
+            n.kind = Some(FloatKind::AccuracyBudget);
+            n.reason = Some(reason.clone());
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Sensitivity analysis and the accuracy budget on a model with one deliberately sensitive
+//! activation: the first MatMul's output has one channel a thousand times larger than the
+//! others, which the next MatMul ignores (zero weights), so quantizing that activation per
+//! tensor wipes out the channels that matter while the float model is unaffected.
+
+use qforge_ir::{Graph, Model, Node, OpsetImport, Tensor, ValueId};
+use qforge_quant::backend::BackendConfig;
+use qforge_quant::pipeline::{calibrate, convert, QuantizeOptions, SampleSource};
+use qforge_quant::qconfig::RangeName;
+use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
+use qforge_quant::sensitivity::{analyze, keep_units_float, quantize_within_budget, Budget};
+use qforge_testkit::{ort_run_with, TempDir};
+
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n).map(|_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }).collect()
+}
+
+struct Seeded(usize);
+
+impl SampleSource for Seeded {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn name(&self, i: usize) -> String {
+        format!("#{i}")
+    }
+    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
+        Ok(vec![("x".into(), Tensor::from_vec(&[8, 16], noise(100 + i as u64, 128)).unwrap())])
+    }
+}
+
+fn matmul(g: &mut Graph, name: &str, x: ValueId, w: Vec<f32>, shape: &[usize]) -> ValueId {
+    let w = g.add_initializer(format!("{name}.w"), Tensor::from_vec(shape, w).unwrap()).unwrap();
+    let out = g.new_value(name, None).unwrap();
+    g.add_node(Node::new("MatMul", format!("/{name}/MatMul")).with_inputs([x, w]).with_outputs([out])).unwrap();
+    out
+}
+
+/// `x[8,16] -> MatMul -> wide -> MatMul -> mid -> Relu -> MatMul -> y`; `wide`'s channel 0 is
+/// `outlier` times larger than it would be and the second weight's row 0 is zero.
+fn outlier_model(outlier: f32) -> Model {
+    let mut g = Graph::new("outlier");
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[8, 16]))).unwrap();
+    let mut w1 = noise(1, 256);
+    for r in 0..16 {
+        w1[r * 16] *= outlier;
+    }
+    let wide = matmul(&mut g, "wide", x, w1, &[16, 16]);
+    let mut w2 = noise(2, 256);
+    w2[..16].fill(0.0);
+    let mid = matmul(&mut g, "mid", wide, w2, &[16, 16]);
+    let relu = g.new_value("mid_relu", None).unwrap();
+    g.add_node(Node::new("Relu", "/relu/Relu").with_inputs([mid]).with_outputs([relu])).unwrap();
+    let y = matmul(&mut g, "y", relu, noise(3, 64), &[16, 4]);
+    g.set_outputs(vec![y]).unwrap();
+    Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() }
+}
+
+fn quantizer() -> ConfigQuantizer {
+    let backend = BackendConfig::load("ort").unwrap();
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    ConfigQuantizer { backend, mapping }
+}
+
+#[test]
+fn the_outlier_activation_ranks_first() {
+    let c = calibrate(&outlier_model(1000.0), &quantizer(), &Seeded(4), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let s = analyze(&c, &Seeded(4), 1, &mut |_, _, _, _| {}).unwrap();
+    for u in &s.ranking {
+        println!("{:>10} #{:<2} {:?} only quantized {:.2} dB, only float {:.2} dB", u.unit.kind, u.unit.id, u.unit.values, u.only_quantized_sqnr_db, u.only_float_sqnr_db);
+    }
+    let top = &s.ranking[0];
+    assert_eq!(top.unit.values, vec!["wide".to_string()], "the outlier activation should rank first");
+    assert!(top.only_quantized_sqnr_db < s.ranking[1].only_quantized_sqnr_db - 10.0, "it should stand out by more than 10 dB");
+    assert!(top.only_float_sqnr_db > s.all_quantized_sqnr_db + 10.0, "keeping it float should recover more than 10 dB");
+    assert!(s.not_measured.is_empty(), "{:?}", s.not_measured);
+}
+
+/// The "only this unit float" SQNR of every unit equals, in ONNX Runtime, the SQNR of the
+/// model converted with that unit in float: the trial's switches are what convert emits. Run
+/// without the outlier, so that every unit moves the output.
+#[test]
+fn a_switched_off_unit_equals_the_model_converted_with_it_float() {
+    let model = outlier_model(1.0);
+    let c = calibrate(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let s = analyze(&c, &Seeded(4), 1, &mut |_, _, _, _| {}).unwrap();
+    let tmp = TempDir::new("sensitivity");
+    let float_path = tmp.path().join("float.onnx");
+    qforge_onnx::save(&model, &float_path).unwrap();
+    let float: Vec<_> = (0..4).map(|i| ort_run_with(&float_path, &Seeded(4).load(i).unwrap(), 1, false)).collect();
+    for u in &s.ranking {
+        let mut one_float = c.clone();
+        keep_units_float(&mut one_float, &[u.unit.id]);
+        let (q, _) = convert(one_float).unwrap();
+        let path = tmp.path().join(format!("unit{}.onnx", u.unit.id));
+        qforge_onnx::save(&q, &path).unwrap();
+        let (mut xx, mut ee) = (0f64, 0f64);
+        for (i, f) in float.iter().enumerate() {
+            let out = ort_run_with(&path, &Seeded(4).load(i).unwrap(), 1, false);
+            for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(out[0].1.as_slice::<f32>().unwrap()) {
+                xx += (*a as f64).powi(2);
+                ee += (*a as f64 - *b as f64).powi(2);
+            }
+        }
+        let ort_db = 10.0 * (xx / ee).log10();
+        println!("unit {} {:?}: trial {:.4} dB, ONNX Runtime {:.4} dB", u.unit.id, u.unit.values, u.only_float_sqnr_db, ort_db);
+        assert!((ort_db - u.only_float_sqnr_db).abs() < 0.01, "unit {}: trial {} dB, ONNX Runtime {ort_db} dB", u.unit.id, u.only_float_sqnr_db);
+    }
+}
+
+#[test]
+fn the_budget_is_met_with_few_float_units() {
+    let model = outlier_model(1000.0);
+    let c = calibrate(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let s = analyze(&c, &Seeded(4), 1, &mut |_, _, _, _| {}).unwrap();
+    let target_db = s.all_quantized_sqnr_db + 10.0;
+    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &Budget::min_sqnr(target_db), &mut |_| {}).unwrap();
+    let b = report.accuracy_budget.as_ref().unwrap();
+    println!("budget {target_db:.2} dB: {} decisions, {} of {} units float, error {:.3e} -> {:.3e}", b.decisions.len(), b.units_float, b.units, b.error_all_quantized, b.error_final);
+    assert!(b.met && b.error_final <= b.max_error);
+    assert!(b.units_float >= 1 && b.units_float < b.units);
+    assert_eq!(b.decisions[0].unit.values, vec!["wide".to_string()]);
+    let budget_nodes: Vec<&str> = report.nodes.iter().filter(|n| n.kind == Some(qforge_quant::annotation::FloatKind::AccuracyBudget)).map(|n| n.name.as_str()).collect();
+    assert!(budget_nodes.contains(&"/mid/MatMul"), "nodes reported float: {budget_nodes:?}");
+    let wide = q.graph.value_by_name("wide").unwrap();
+    assert!(q.graph.consumers(wide).iter().all(|&(n, _)| q.graph.node(n).unwrap().op_type != "QuantizeLinear"), "'wide' still has Q/DQ");
+    let tmp = TempDir::new("budget");
+    let (fp, qp) = (tmp.path().join("f.onnx"), tmp.path().join("q.onnx"));
+    qforge_onnx::save(&model, &fp).unwrap();
+    qforge_onnx::save(&q, &qp).unwrap();
+    let (mut xx, mut ee) = (0f64, 0f64);
+    for i in 0..4 {
+        let feed = Seeded(4).load(i).unwrap();
+        let (f, g) = (ort_run_with(&fp, &feed, 1, false), ort_run_with(&qp, &feed, 1, false));
+        for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(g[0].1.as_slice::<f32>().unwrap()) {
+            xx += (*a as f64).powi(2);
+            ee += (*a as f64 - *b as f64).powi(2);
+        }
+    }
+    let ort_db = 10.0 * (xx / ee).log10();
+    assert!(ort_db >= target_db - 0.01, "ONNX Runtime gives {ort_db} dB for a budget of {target_db} dB");
+}
