@@ -63,38 +63,8 @@ enum Command {
         /// manifest.json), one stacked .npz, or a folder of .npz files (one per sample).
         #[arg(long, value_name = "PATH")]
         calibration_data: PathBuf,
-        /// Target: a built-in backend (ort, x86, xnnpack, tensorrt), a BackendConfig .toml file,
-        /// or htp (Qualcomm Hexagon Tensor Processor rules, with --precision and --soc).
-        #[arg(long, default_value = "ort")]
-        backend: String,
-        /// A QConfigMapping .toml file (global, op_type, scope_regex, name, op_order sections);
-        /// with --backend htp, per-node precisions (op_type, scope_regex, name, op_order entries
-        /// with precision = "16a8w" or "float") and per-op rules ([rules] Op = "shared").
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// HTP precision (--backend htp): 8a8w (default), 16a8w, 16a16w, 16a4w, 8a4w or
-        /// 16a4w-block.
-        #[arg(long)]
-        precision: Option<String>,
-        /// HTP generation (v68, v69, v73, v75, v79) or chip (e.g. SM8550) to validate against
-        /// (--backend htp); the newest generation when absent.
-        #[arg(long)]
-        soc: Option<String>,
-        /// Input channels per weight block for block-wise 4-bit weights (16a4w-block; default 64).
-        #[arg(long)]
-        block_size: Option<usize>,
-        /// Activation range: minmax, percentile, entropy, l2 or mse.
-        #[arg(long, default_value = "minmax")]
-        method: String,
-        /// One weight scale per output channel (default).
-        #[arg(long, conflicts_with = "per_tensor")]
-        per_channel: bool,
-        /// One weight scale per tensor.
-        #[arg(long)]
-        per_tensor: bool,
-        /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
-        #[arg(long, value_name = "NAME|REGEX")]
-        exclude: Vec<String>,
+        #[command(flatten)]
+        quantizer: quantize::QuantizerArgs,
         /// Write a JSON report: every node (quantized or why not), ranges and scales.
         #[arg(long, value_name = "FILE.json")]
         report: Option<PathBuf>,
@@ -133,30 +103,8 @@ enum Command {
         /// Evaluation samples (any layout --calibration-data takes); default: the calibration data.
         #[arg(long, value_name = "PATH")]
         data: Option<PathBuf>,
-        /// Target, as for `quantize`.
-        #[arg(long, default_value = "ort")]
-        backend: String,
-        /// A QConfigMapping .toml file, as for `quantize`.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// HTP precision (--backend htp).
-        #[arg(long)]
-        precision: Option<String>,
-        /// HTP generation or chip (--backend htp).
-        #[arg(long)]
-        soc: Option<String>,
-        /// Input channels per weight block (16a4w-block).
-        #[arg(long)]
-        block_size: Option<usize>,
-        /// Activation range: minmax, percentile, entropy, l2 or mse.
-        #[arg(long, default_value = "minmax")]
-        method: String,
-        /// One weight scale per tensor.
-        #[arg(long)]
-        per_tensor: bool,
-        /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
-        #[arg(long, value_name = "NAME|REGEX")]
-        exclude: Vec<String>,
+        #[command(flatten)]
+        quantizer: quantize::QuantizerArgs,
         /// Print one JSON document on stdout instead of the table.
         #[arg(long)]
         json: bool,
@@ -222,12 +170,12 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Inspect { model, json } => inspect::inspect(&model, json),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
-        Command::Quantize { model, output, calibration_data, backend, config, precision, soc, block_size, method, per_channel: _, per_tensor, exclude, report, strict, threads, json, max_opset, max_output_error, min_sqnr } => {
-            let quantizer = quantize::QuantizerArgs { backend, config, precision, soc, block_size, method, per_tensor, exclude, quiet: json };
+        Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr } => {
+            quantizer.quiet = json;
             quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr })
         }
-        Command::Sensitivity { model, calibration_data, data, backend, config, precision, soc, block_size, method, per_tensor, exclude, json, threads, limit } => {
-            let quantizer = quantize::QuantizerArgs { backend, config, precision, soc, block_size, method, per_tensor, exclude, quiet: json };
+        Command::Sensitivity { model, calibration_data, data, mut quantizer, json, threads, limit } => {
+            quantizer.quiet = json;
             sensitivity::run(sensitivity::SensitivityArgs { model, calibration_data, data, quantizer, json, threads, limit })
         }
         Command::Compare { float, quantized, data, json, threads, limit } => compare::run(compare::CompareArgs { float, quantized, data, json, threads, limit }),

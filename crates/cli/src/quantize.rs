@@ -31,18 +31,44 @@ pub struct QuantizeArgs {
     pub min_sqnr: Option<f64>,
 }
 
-/// How the quantizer is chosen (`--backend` and the options that go with it).
+/// How the quantizer is chosen (`--backend` and the options that go with it), shared by
+/// `quantize` and `sensitivity`.
+#[derive(clap::Args)]
 pub struct QuantizerArgs {
+    /// Target: a built-in backend (ort, x86, xnnpack, tensorrt), a BackendConfig .toml file,
+    /// or htp (Qualcomm Hexagon Tensor Processor rules, with --precision and --soc).
+    #[arg(long, default_value = "ort")]
     pub backend: String,
+    /// A QConfigMapping .toml file (global, op_type, scope_regex, name, op_order sections);
+    /// with --backend htp, per-node precisions (op_type, scope_regex, name, op_order entries
+    /// with precision = "16a8w" or "float") and per-op rules ([rules] Op = "shared").
+    #[arg(long)]
     pub config: Option<PathBuf>,
-    /// HTP precision, generation and block size (`--backend htp` only).
+    /// HTP precision (--backend htp): 8a8w (default), 16a8w, 16a16w, 16a4w, 8a4w or
+    /// 16a4w-block.
+    #[arg(long)]
     pub precision: Option<String>,
+    /// HTP generation (v68, v69, v73, v75, v79) or chip (e.g. SM8550) to validate against
+    /// (--backend htp); the newest generation when absent.
+    #[arg(long)]
     pub soc: Option<String>,
+    /// Input channels per weight block for block-wise 4-bit weights (16a4w-block; default 64).
+    #[arg(long)]
     pub block_size: Option<usize>,
+    /// Activation range: minmax, percentile, entropy, l2 or mse.
+    #[arg(long, default_value = "minmax")]
     pub method: String,
+    /// One weight scale per output channel (default).
+    #[arg(long, conflicts_with = "per_tensor")]
+    pub per_channel: bool,
+    /// One weight scale per tensor.
+    #[arg(long)]
     pub per_tensor: bool,
+    /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
+    #[arg(long, value_name = "NAME|REGEX")]
     pub exclude: Vec<String>,
-    /// Print nothing on stderr.
+    /// Print nothing on stderr (set from --json).
+    #[arg(skip)]
     pub quiet: bool,
 }
 

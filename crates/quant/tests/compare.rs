@@ -29,13 +29,7 @@ const MSE_RELATIVE_TOLERANCE: f64 = 1e-4;
 const WEIGHT_SQNR_TOLERANCE_DB: f64 = 1e-6;
 
 fn noise(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n).map(|_| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    }).collect()
+    qforge_testkit::noise(seed, n, -0.5, 0.5)
 }
 
 /// Samples of one input, each held in memory.

@@ -18,15 +18,7 @@ use qforge_quant::quantizer::Quantizer;
 use qforge_quant::report::Report;
 use qforge_testkit::{compare, make_inputs, ort_run_with, repo, TempDir};
 
-fn noise(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n).map(|_| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
-    }).collect()
-}
+use qforge_testkit::noise;
 
 /// Seeded uniform [-1, 1) samples of the given inputs.
 struct Seeded(Vec<(String, Vec<usize>)>);

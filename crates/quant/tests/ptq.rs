@@ -17,15 +17,7 @@ struct Seeded {
     n: usize,
 }
 
-fn noise(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n).map(|_| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
-    }).collect()
-}
+use qforge_testkit::noise;
 
 impl SampleSource for Seeded {
     fn len(&self) -> usize {
@@ -182,6 +174,53 @@ fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     assert!(!head_rec.quantized && head_rec.reason.as_deref().unwrap().contains("only float nodes or graph outputs read its output"), "{head_rec:?}");
     // The graph output keeps its name and float type.
     assert_eq!(q.graph.value_name(q.graph.outputs()[0]), "erf_out");
+}
+
+/// The xnnpack target (PyTorch's XNNPACK quantizer constraints): int8 asymmetric activations,
+/// int8 symmetric weights on the narrow range [-127, 127], every scale at least 2^-12, and
+/// ONNX Runtime runs the result with qforge's outputs within one activation step.
+#[test]
+fn xnnpack_target_is_symmetric_int8_with_its_constraints() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 3, 8, 8]);
+    let w = weight(&mut g, "w", &[4, 3, 3, 3], 21);
+    let b = weight(&mut g, "b", &[4], 22);
+    let c = op(&mut g, "Conv", "conv", &[x, w, b]);
+    let r = op(&mut g, "Relu", "relu", &[c]);
+    let w2 = weight(&mut g, "w2", &[2, 4, 1, 1], 23);
+    let y = op(&mut g, "Conv", "conv2", &[r, w2]);
+    g.set_outputs(vec![y]).unwrap();
+    let (q, report) = run(&model(g, 13), "xnnpack", &[("x", &[1, 3, 8, 8])]);
+    let gq = &q.graph;
+    let mut weights = 0;
+    for (_, n) in gq.nodes().filter(|(_, n)| n.op_type == "DequantizeLinear") {
+        let data = gq.value(n.input(0).unwrap()).unwrap();
+        let scale = gq.value(n.input(1).unwrap()).unwrap().initializer().unwrap().as_slice::<f32>().unwrap().to_vec();
+        let zp = gq.value(n.input(2).unwrap()).unwrap().initializer().unwrap().clone();
+        match data.initializer() {
+            Some(t) if t.dtype() == qforge_ir::DType::I8 => {
+                weights += 1;
+                assert!(t.to_i64_vec().unwrap().iter().all(|v| (-127..=127).contains(v)), "{}: weights on [-127, 127]", n.name);
+                assert!(zp.to_i64_vec().unwrap().iter().all(|&z| z == 0), "{}: symmetric weights", n.name);
+                assert!(scale.iter().all(|&s| s >= 2f32.powi(-12)), "{}: weight scale >= 2^-12", n.name);
+            }
+            Some(_) => {}
+            None => {
+                assert_eq!(zp.dtype(), qforge_ir::DType::I8, "{}: int8 activations", n.name);
+                assert!(scale[0] >= 2f32.powi(-12), "{}: activation scale {} >= 2^-12", n.name, scale[0]);
+            }
+        }
+    }
+    assert_eq!(weights, 2, "both Conv weights stored as int8");
+    let tmp = TempDir::new("ptq_xnn");
+    let path = tmp.path().join("xnn.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let feed = vec![("x".to_string(), Tensor::from_vec(&[1, 3, 8, 8], noise(5, 192, -1.0, 1.0)).unwrap())];
+    let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
+    let theirs = ort_run_with(&path, &feed, 1, true);
+    let step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
+    let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64);
+    assert!(ok, "qforge and ORT differ by {worst}, more than one step {step}");
 }
 
 #[test]

@@ -12,13 +12,7 @@ use qforge_quant::sensitivity::{analyze, keep_units_float, quantize_within_budge
 use qforge_testkit::{ort_run_with, TempDir};
 
 fn noise(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n).map(|_| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }).collect()
+    qforge_testkit::noise(seed, n, -1.0, 1.0)
 }
 
 struct Seeded(usize);

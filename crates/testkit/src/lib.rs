@@ -107,6 +107,18 @@ impl Drop for TempDir {
     }
 }
 
+/// `n` values uniform in `[lo, hi)` from a xorshift generator seeded with `seed`: the same
+/// numbers on every machine.
+pub fn noise(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n).map(|_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
+    }).collect()
+}
+
 /// Deterministic inputs for a model: floats uniform in [-1, 1), integers from the model's
 /// value hints (else zero), dynamic dimensions from its shape hints (else 1).
 pub fn make_inputs(graph: &qforge_ir::Graph, m: &RealModel, seed: u64) -> Vec<(String, qforge_ir::Tensor)> {

@@ -149,9 +149,9 @@ impl OutPtr {
     }
 }
 
-/// Convolution of one image and group by tiles of output rows: each tile unfolds its own
-/// columns (small enough to stay in cache) and multiplies them by the weights; tiles run in
-/// parallel.
+/// Convolution of one image and group by tiles of output rows, added to `dst`: each tile
+/// unfolds its own columns (small enough to stay in cache) and accumulates their product with
+/// the weights; tiles run in parallel.
 #[allow(clippy::too_many_arguments)]
 fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [f32]) {
     let (oh, ow) = (h.output, w.output);
@@ -169,7 +169,7 @@ fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usi
         // SAFETY: rows are disjoint across tiles, so the column ranges written are disjoint;
         // the slice covers from this tile's first column to the end of the output.
         let c = unsafe { std::slice::from_raw_parts_mut(out.at(rows.start * ow), len - rows.start * ow) };
-        sgemm_strided(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), c, plane, false, false);
+        sgemm_strided(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), c, plane, true, false);
     });
 }
 
@@ -228,7 +228,11 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
     let plane = oh * ow;
     let mg = m / group;
     let kdim = cg * kh * kw;
+    // The output starts as the bias (or zero), and the products accumulate onto it.
     let mut out = vec![0f32; n * m * plane];
+    if let Some(bias) = bias {
+        out.par_chunks_mut(plane).enumerate().for_each(|(row, dst)| dst.fill(bias[row % m]));
+    }
     let pointwise = kh == 1 && kw == 1 && h.stride == 1 && wa.stride == 1 && h.pad_begin + h.pad_end + wa.pad_begin + wa.pad_end == 0;
     let depthwise = cg == 1 && mg == 1;
     for b in 0..n {
@@ -242,22 +246,19 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
                 let wg = &w[g * mg * kdim..(g + 1) * mg * kdim];
                 let out = &mut dst[g * mg * plane..(g + 1) * mg * plane];
                 if pointwise {
-                    sgemm(mg, plane, kdim, MatRef::rows(wg, kdim), MatRef::rows(src, plane), out, false);
+                    sgemm(mg, plane, kdim, MatRef::rows(wg, kdim), MatRef::rows(src, plane), out, true);
                 } else {
                     conv_tiled(src, cg, h, wa, wg, mg, out);
                 }
             }
-        }
-        if let Some(bias) = bias {
-            dst.par_chunks_mut(plane).zip(bias.par_iter()).for_each(|(row, &bv)| row.iter_mut().for_each(|v| *v += bv));
         }
     }
     let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
     Ok((out, shape))
 }
 
-/// One filter per channel: a direct sliding window, channels in parallel. Each output row
-/// accumulates all its taps while it is in cache. With a column stride `s > 1`, each input row
+/// One filter per channel, added to `dst`: a direct sliding window, channels in parallel. Each
+/// output row accumulates all its taps while it is in cache. With a column stride `s > 1`, each input row
 /// is first split into its `s` phases (columns `p, p + s, ...`), so every tap reads a
 /// contiguous run and the multiply-add vectorizes.
 fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
@@ -276,7 +277,6 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
         phases.resize(s * phase_len, 0.0);
         for oy in 0..oh {
             let o = &mut out[oy * ow..(oy + 1) * ow];
-            o.fill(0.0);
             for ki in 0..kh {
                 let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
                 if iy < 0 || iy >= ih as isize {
@@ -286,8 +286,10 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
                 let read: &[f32] = if s == 1 {
                     row
                 } else {
-                    for (x, &v) in row.iter().enumerate() {
-                        phases[(x % s) * phase_len + x / s] = v;
+                    for (p, phase) in phases.chunks_mut(phase_len).enumerate() {
+                        for (d, &v) in phase.iter_mut().zip(row[p.min(iw)..].iter().step_by(s)) {
+                            *d = v;
+                        }
                     }
                     phases
                 };
