@@ -258,51 +258,92 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
 }
 
 /// One filter per channel, added to `dst`: a direct sliding window, channels in parallel. Each
-/// output row accumulates all its taps while it is in cache. With a column stride `s > 1`, each input row
-/// is first split into its `s` phases (columns `p, p + s, ...`), so every tap reads a
-/// contiguous run and the multiply-add vectorizes.
+/// output row accumulates all its taps while it is in cache. With a column stride `s > 1`, each
+/// input row is first split into its `s` phases (columns `p, p + s, ...`), so every tap reads a
+/// contiguous run and the multiply-add vectorizes; on CPUs with AVX2 the channel loop is
+/// compiled for it (eight lanes instead of four).
 fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
     let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
-    let (oh, ow, s) = (h.output, wa.output, wa.stride);
+    let s = wa.stride;
     let phase_len = iw.div_ceil(s);
-    // Per kernel column: valid output columns, the phase it reads and that phase's offset.
-    let taps: Vec<(usize, usize, usize, isize)> = (0..kw).map(|kj| {
+    let taps: Vec<Tap> = (0..kw).map(|kj| {
         let dx = (kj * wa.dilation) as isize - wa.pad_begin as isize;
         let (lo, hi) = wa.valid_outputs(dx);
-        (lo, hi, dx.rem_euclid(s as isize) as usize, dx.div_euclid(s as isize))
+        Tap { lo, hi, phase: dx.rem_euclid(s as isize) as usize, base: dx.div_euclid(s as isize) }
     }).collect();
-    dst.par_chunks_mut(oh * ow).enumerate().for_each_init(Vec::new, |phases: &mut Vec<f32>, (ch, out)| {
+    let geometry = Depthwise { h, wa, phase_len, taps };
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    dst.par_chunks_mut(h.output * wa.output).enumerate().for_each_init(Vec::new, |phases: &mut Vec<f32>, (ch, out)| {
         let src = &img[ch * ih * iw..(ch + 1) * ih * iw];
         let k = &w[ch * kh * kw..(ch + 1) * kh * kw];
         phases.resize(s * phase_len, 0.0);
-        for oy in 0..oh {
-            let o = &mut out[oy * ow..(oy + 1) * ow];
-            for ki in 0..kh {
-                let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-                if iy < 0 || iy >= ih as isize {
-                    continue;
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU supports AVX2, detected above.
+            return unsafe { depthwise_channel_avx2(&geometry, src, k, out, phases) };
+        }
+        depthwise_channel(&geometry, src, k, out, phases)
+    });
+}
+
+/// One kernel column of a depthwise window: the output columns `[lo, hi)` it reaches inside
+/// the input, and where it reads them: input column `s * ox + s * base + phase`.
+struct Tap {
+    lo: usize,
+    hi: usize,
+    phase: usize,
+    base: isize,
+}
+
+/// The window of a depthwise convolution, prepared once for all channels.
+struct Depthwise {
+    h: Axis,
+    wa: Axis,
+    phase_len: usize,
+    taps: Vec<Tap>,
+}
+
+/// [`depthwise_channel`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn depthwise_channel_avx2(d: &Depthwise, src: &[f32], k: &[f32], out: &mut [f32], phases: &mut [f32]) {
+    depthwise_channel(d, src, k, out, phases)
+}
+
+/// Adds one channel's window sums to `out` (`phases`: scratch of `stride * phase_len`).
+#[inline(always)]
+fn depthwise_channel(d: &Depthwise, src: &[f32], k: &[f32], out: &mut [f32], phases: &mut [f32]) {
+    let (h, wa) = (d.h, d.wa);
+    let (ih, iw, kh, kw, s) = (h.input, wa.input, h.kernel, wa.kernel, wa.stride);
+    let ow = wa.output;
+    for oy in 0..h.output {
+        let o = &mut out[oy * ow..(oy + 1) * ow];
+        for ki in 0..kh {
+            let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
+            if iy < 0 || iy >= ih as isize {
+                continue;
+            }
+            let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
+            let read: &[f32] = if s == 1 {
+                row
+            } else {
+                for (p, phase) in phases.chunks_mut(d.phase_len).enumerate() {
+                    for (dst, &v) in phase.iter_mut().zip(row[p.min(iw)..].iter().step_by(s)) {
+                        *dst = v;
+                    }
                 }
-                let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
-                let read: &[f32] = if s == 1 {
-                    row
-                } else {
-                    for (p, phase) in phases.chunks_mut(phase_len).enumerate() {
-                        for (d, &v) in phase.iter_mut().zip(row[p.min(iw)..].iter().step_by(s)) {
-                            *d = v;
-                        }
-                    }
-                    phases
-                };
-                for (kj, &(lo, hi, phase, base)) in taps.iter().enumerate() {
-                    let wt = k[ki * kw + kj];
-                    let start = ((phase * phase_len) as isize + lo as isize + base) as usize;
-                    for (d, v) in o[lo..hi].iter_mut().zip(&read[start..start + (hi - lo)]) {
-                        *d += wt * v;
-                    }
+                phases
+            };
+            for (kj, t) in d.taps.iter().enumerate() {
+                let wt = k[ki * kw + kj];
+                let start = ((t.phase * d.phase_len) as isize + t.lo as isize + t.base) as usize;
+                for (acc, v) in o[t.lo..t.hi].iter_mut().zip(&read[start..start + (t.hi - t.lo)]) {
+                    *acc += wt * v;
                 }
             }
         }
-    });
+    }
 }
 
 fn conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
