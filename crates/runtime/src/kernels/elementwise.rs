@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
-use super::util::{binary, input, kernel, opt_input, slice, tensor, ternary};
+use super::util::{binary, input, kernel, map_into, opt_input, slice, tensor, ternary};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the elementwise operators.
@@ -75,11 +75,7 @@ fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult
         let x = input(ins, 0)?;
         let src = to_f32(x)?;
         let mut v = vec![0f32; src.len()];
-        v.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
-            for (o, &x) in d.iter_mut().zip(s) {
-                *o = f(x);
-            }
-        });
+        v.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| map_into(d, s, f));
         Ok(vec![from_f32(x.dtype(), x.shape(), v)?])
     })
 }
