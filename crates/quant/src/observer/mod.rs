@@ -47,8 +47,27 @@ impl AxisLayout {
 
 /// The smallest and largest finite values of `run` (`+inf`/`-inf` when there are none) and
 /// the number of non-finite ones. The common all-finite case runs lane-wise with compare-select
-/// and integer bit tests, which vectorize; a run holding NaN or infinity is rescanned exactly.
+/// and integer bit tests, which vectorize (AVX2 when the CPU has it); a run holding NaN or
+/// infinity is rescanned exactly.
 pub(crate) fn finite_extremes(run: &[f32]) -> (f32, f32, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn finite_extremes_avx2(run: &[f32]) -> (f32, f32, u64) {
+            finite_extremes_lanes(run)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { finite_extremes_avx2(run) };
+        }
+    }
+    finite_extremes_lanes(run)
+}
+
+/// [`finite_extremes`]' body, written lane-wise so it vectorizes for whatever SIMD width the
+/// caller is compiled for.
+#[inline(always)]
+fn finite_extremes_lanes(run: &[f32]) -> (f32, f32, u64) {
     const LANES: usize = 16;
     const EXPONENT: u32 = 0x7f80_0000;
     let mut lo = [f32::INFINITY; LANES];
