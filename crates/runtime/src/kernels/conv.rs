@@ -228,11 +228,17 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
     let plane = oh * ow;
     let mg = m / group;
     let kdim = cg * kh * kw;
-    // The output starts as the bias (or zero), and the products accumulate onto it.
-    let mut out = vec![0f32; n * m * plane];
-    if let Some(bias) = bias {
-        out.par_chunks_mut(plane).enumerate().for_each(|(row, dst)| dst.fill(bias[row % m]));
-    }
+    // The output starts as the bias (or zero), written once, and the products accumulate onto it.
+    let mut out: Vec<f32> = match bias {
+        Some(bias) => {
+            let mut out = Vec::with_capacity(n * m * plane);
+            for row in 0..n * m {
+                out.extend(std::iter::repeat_n(bias[row % m], plane));
+            }
+            out
+        }
+        None => vec![0f32; n * m * plane],
+    };
     let pointwise = kh == 1 && kw == 1 && h.stride == 1 && wa.stride == 1 && h.pad_begin + h.pad_end + wa.pad_begin + wa.pad_end == 0;
     let depthwise = cg == 1 && mg == 1;
     for b in 0..n {
