@@ -11,7 +11,8 @@ use qforge_ir::Model;
 use qforge_quant::compare::{compare, Comparison, TensorComparison};
 use qforge_quant::pipeline::SampleSource;
 
-use crate::samples::{model_inputs, progress, CalibrationSamples, FirstSamples};
+use crate::samples::{model_inputs, progress, CalibrationSamples};
+use qforge_quant::pipeline::FirstSamples;
 
 /// What `qforge compare` was asked to do.
 pub struct CompareArgs {

@@ -65,8 +65,10 @@ enum Command {
         calibration_data: PathBuf,
         #[command(flatten)]
         quantizer: quantize::QuantizerArgs,
-        /// Write a JSON report: every node (quantized or why not), ranges and scales.
-        #[arg(long, value_name = "FILE.json")]
+        /// Write a report: every node (quantized or why not), ranges and scales, as JSON; a
+        /// path ending in .html writes a self-contained HTML page with plots, and the JSON
+        /// beside it.
+        #[arg(long, value_name = "FILE.json|FILE.html")]
         report: Option<PathBuf>,
         /// Fail when the backend rejects a requested qconfig instead of keeping the node float,
         /// or when a node breaks the target's rules (htp: the --soc generation's constraints).

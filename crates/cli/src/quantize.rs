@@ -4,7 +4,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use qforge_data::CalibrationSet;
+use qforge_ir::Model;
 use qforge_quant::backend::BackendConfig;
+use qforge_quant::html::{self, Subject};
+use qforge_quant::report::Report;
 use qforge_quant::pipeline::{quantize, QuantizeOptions};
 use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
@@ -177,8 +180,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     qforge_onnx::save(&quantized, &args.output).with_context(|| format!("cannot write {}", args.output.display()))?;
     if let Some(path) = &args.report {
-        let text = serde_json::to_string_pretty(&report)?;
-        write_atomic(path, text.as_bytes()).with_context(|| format!("cannot write --report {}", path.display()))?;
+        write_report(&args, path, &model, &quantized, &report, &samples)?;
     }
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
@@ -231,6 +233,35 @@ fn budget_summary(b: &BudgetOutcome) -> String {
             d.unit.values.join(", "), d.unit.ops.join(", "), d.error_before, d.error_with_unit_float);
     }
     s
+}
+
+/// Writes `--report`: for a path ending in `.html`, the HTML report with SVG plots, and its
+/// data as JSON beside it (the same path with `.json`); otherwise the report as JSON.
+fn write_report(args: &QuantizeArgs, path: &Path, model: &Model, quantized: &Model, report: &Report, samples: &CalibrationSamples) -> Result<()> {
+    let write = |path: &Path, text: String| write_atomic(path, text.as_bytes()).with_context(|| format!("cannot write --report {}", path.display()));
+    if !path.extension().is_some_and(|e| e.eq_ignore_ascii_case("html")) {
+        return write(path, serde_json::to_string_pretty(report)?);
+    }
+    let json_path = path.with_extension("json");
+    let backend = match &args.quantizer.precision {
+        Some(p) => format!("{} {p}", args.quantizer.backend),
+        None => args.quantizer.backend.clone(),
+    };
+    let subject = Subject {
+        model: args.model.display().to_string(),
+        output: args.output.display().to_string(),
+        backend,
+        calibration_data: args.calibration_data.display().to_string(),
+        json: json_path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+    };
+    let data = html::build(subject, model, quantized, report, samples, args.threads, &mut progress("comparing for the report", args.json))
+        .with_context(|| format!("cannot build the HTML report {}", path.display()))?;
+    write(&json_path, serde_json::to_string_pretty(&data)?)?;
+    write(path, html::render(&data))?;
+    if !args.json {
+        eprintln!("wrote {} and {} ({:.2} s)", path.display(), json_path.display(), data.seconds);
+    }
+    Ok(())
 }
 
 /// Writes a file through a temporary file in the same folder and a rename.

@@ -24,24 +24,6 @@ impl SampleSource for CalibrationSamples {
     }
 }
 
-/// The first `len` samples of a source.
-pub struct FirstSamples<'a> {
-    pub source: &'a dyn SampleSource,
-    pub len: usize,
-}
-
-impl SampleSource for FirstSamples<'_> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn name(&self, i: usize) -> String {
-        self.source.name(i)
-    }
-    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        self.source.load(i)
-    }
-}
-
 /// The model's inputs as the calibration loader checks them.
 pub fn model_inputs(m: &Model) -> Vec<ModelInput> {
     let g = &m.graph;

@@ -10,7 +10,8 @@ use qforge_quant::pipeline::{calibrate, QuantizeOptions, SampleSource};
 use qforge_quant::sensitivity::{analyze, Sensitivity};
 
 use crate::quantize::{quantizer, QuantizerArgs};
-use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples, FirstSamples};
+use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples};
+use qforge_quant::pipeline::FirstSamples;
 
 /// What `qforge sensitivity` was asked to do.
 pub struct SensitivityArgs {

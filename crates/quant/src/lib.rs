@@ -14,12 +14,14 @@
 //! * [`htp`]: the HTP quantizer (rule registry, precisions, SoC generations as data).
 //! * [`compare`]: per-tensor error of a quantized model against its float original.
 //! * [`sensitivity`]: output error per observation group, and the accuracy budget.
+//! * [`html`]: the HTML report with SVG plots (SQNR per layer, histograms, weight ranges).
 
 pub mod annotation;
 pub mod backend;
 pub mod compare;
 pub mod convert;
 pub mod htp;
+pub mod html;
 pub mod observer;
 pub mod passes;
 pub mod pattern;

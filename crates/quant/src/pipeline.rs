@@ -24,6 +24,24 @@ pub trait SampleSource: Sync {
     fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String>;
 }
 
+/// The first `len` samples of a source.
+pub struct FirstSamples<'a> {
+    pub source: &'a dyn SampleSource,
+    pub len: usize,
+}
+
+impl SampleSource for FirstSamples<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn name(&self, i: usize) -> String {
+        self.source.name(i)
+    }
+    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
+        self.source.load(i)
+    }
+}
+
 /// How the pipeline runs.
 #[derive(Debug, Clone, Default)]
 pub struct QuantizeOptions {

@@ -37,6 +37,10 @@ pub struct ActivationRecord {
     pub dtype: String,
     pub scale: f32,
     pub zero_point: i64,
+    /// The real values the integer type represents with these qparams,
+    /// `scale·(qmin − zero_point)` to `scale·(qmax − zero_point)` over the type's full range
+    /// (what QuantizeLinear saturates to).
+    pub clip_range: (f32, f32),
     /// The observed extremes `[min, max]`.
     pub observed: Option<(f32, f32)>,
     /// The qparams are fixed by the target (e.g. Sigmoid's output).
@@ -115,6 +119,7 @@ impl Report {
     pub fn add_log(&mut self, graph: &str, plan: &QuantPlan, log: &ConvertLog) {
         for (value, gid, p) in &log.activations {
             let grp = &plan.groups[*gid];
+            let (qmin, qmax) = grp.spec.scheme.qtype.range();
             self.activations.push(ActivationRecord {
                 graph: graph.to_string(),
                 value: value.clone(),
@@ -122,6 +127,7 @@ impl Report {
                 dtype: format!("{:?}", grp.spec.scheme.qtype).to_lowercase(),
                 scale: p.scale,
                 zero_point: p.zero_point,
+                clip_range: (p.scale * (qmin - p.zero_point) as f32, p.scale * (qmax - p.zero_point) as f32),
                 observed: grp.observer.extremes(),
                 fixed: grp.fixed.is_some(),
                 nonfinite: grp.observer.nonfinite(),
