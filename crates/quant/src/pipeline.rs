@@ -24,6 +24,19 @@ pub trait SampleSource: Sync {
     fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String>;
 }
 
+/// Samples held in memory, in order, each named by its index (`#i`).
+impl SampleSource for Vec<Vec<(String, Tensor)>> {
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+    fn name(&self, i: usize) -> String {
+        format!("#{i}")
+    }
+    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
+        self.get(i).cloned().ok_or_else(|| format!("no sample #{i}"))
+    }
+}
+
 /// The first `len` samples of a source.
 pub struct FirstSamples<'a> {
     pub source: &'a dyn SampleSource,

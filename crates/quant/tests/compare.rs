@@ -32,24 +32,12 @@ fn noise(seed: u64, n: usize) -> Vec<f32> {
     qforge_testkit::noise(seed, n, -0.5, 0.5)
 }
 
-/// Samples of one input, each held in memory.
-struct Samples(Vec<Vec<(String, Tensor)>>);
-
-impl SampleSource for Samples {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn name(&self, i: usize) -> String {
-        format!("#{i}")
-    }
-    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        Ok(self.0[i].clone())
-    }
-}
+/// Calibration feeds held in memory.
+type Samples = Vec<Vec<(String, Tensor)>>;
 
 fn seeded_samples(input: &str, shape: &[usize], count: usize) -> Samples {
     let n = shape.iter().product();
-    Samples((0..count).map(|i| vec![(input.to_string(), Tensor::from_vec(shape, noise(100 + i as u64, n).iter().map(|v| v * 4.0).collect::<Vec<f32>>()).unwrap())]).collect())
+    (0..count).map(|i| vec![(input.to_string(), Tensor::from_vec(shape, noise(100 + i as u64, n).iter().map(|v| v * 4.0).collect::<Vec<f32>>()).unwrap())]).collect()
 }
 
 fn model(g: Graph) -> Model {
@@ -172,13 +160,13 @@ print(json.dumps(result))
 fn numpy_reference(dir: &Path, float: &Path, quant: &Path, samples: &Samples, names: &[&str], weight_nodes: &[&str]) -> serde_json::Value {
     let data = dir.join("samples");
     std::fs::create_dir_all(&data).unwrap();
-    for (i, s) in samples.0.iter().enumerate() {
+    for (i, s) in samples.iter().enumerate() {
         qforge_data::write_npy(&data.join(format!("{i}.npy")), &s[0].1).unwrap();
     }
     let script = dir.join("reference.py");
     std::fs::write(&script, NUMPY_REFERENCE).unwrap();
     let out = std::process::Command::new(python()).arg(&script).arg(float).arg(quant).arg(&data)
-        .arg(samples.0.len().to_string()).arg(names.join(",")).arg(weight_nodes.join(",")).output().unwrap();
+        .arg(samples.len().to_string()).arg(names.join(",")).arg(weight_nodes.join(",")).output().unwrap();
     assert!(out.status.success(), "numpy reference failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -330,11 +318,11 @@ fn errors_name_what_is_wrong() {
     assert!(matches!(e, CompareError::NoMatches), "{e}");
 
     let mut bad = seeded_samples("x", &[1, 3, 10, 10], 2);
-    bad.0[1][0].1.as_slice_mut::<f32>().unwrap()[5] = f32::NAN;
+    bad[1][0].1.as_slice_mut::<f32>().unwrap()[5] = f32::NAN;
     let e = compare(&float, &quant, &bad, 1, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("'#1'") && e.to_string().contains("'x'") && e.to_string().contains("NaN"), "{e}");
 
-    let e = compare(&float, &quant, &Samples(vec![]), 1, &mut |_, _| {}).unwrap_err();
+    let e = compare(&float, &quant, &Samples::new(), 1, &mut |_, _| {}).unwrap_err();
     assert!(matches!(e, CompareError::NoSamples), "{e}");
 }
 
@@ -371,9 +359,9 @@ fn onnx_runtime_quantized_models_are_understood() {
     let stacked = qforge_data::read_npz(&calib).unwrap();
     let x = &stacked[0].1;
     let per = x.len() / x.shape()[0];
-    let samples = Samples((0..x.shape()[0]).map(|i| {
+    let samples: Samples = (0..x.shape()[0]).map(|i| {
         vec![("x".to_string(), Tensor::from_vec(&x.shape()[1..], x.as_slice::<f32>().unwrap()[i * per..(i + 1) * per].to_vec()).unwrap())]
-    }).collect());
+    }).collect();
     let c = run_compare(&float, &quant, &samples);
 
     let g = &quant.graph;

@@ -9,7 +9,7 @@ use qforge_ir::{DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueTy
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::compare::compare;
 use qforge_quant::html::{build, render, HtmlReport, Subject, WORST_ACTIVATIONS};
-use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
+use qforge_quant::pipeline::{quantize, QuantizeOptions};
 use qforge_quant::qconfig::RangeName;
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
 use qforge_quant::report::Report;
@@ -20,22 +20,11 @@ use serde_json::Value;
 const HOSTILE: &str = "<&>\"'";
 const MODEL_NAME: &str = "tiny<&>\"model.onnx";
 
-struct Samples(Vec<Vec<(String, Tensor)>>);
-
-impl SampleSource for Samples {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn name(&self, i: usize) -> String {
-        format!("#{i}")
-    }
-    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        Ok(self.0[i].clone())
-    }
-}
+/// Calibration feeds held in memory.
+type Samples = Vec<Vec<(String, Tensor)>>;
 
 fn samples() -> Samples {
-    Samples((0..3).map(|i| vec![("x".to_string(), Tensor::from_vec(&[1, 3, 8, 8], qforge_testkit::noise(40 + i, 192, -2.0, 2.0)).unwrap())]).collect())
+    (0..3).map(|i| vec![("x".to_string(), Tensor::from_vec(&[1, 3, 8, 8], qforge_testkit::noise(40 + i, 192, -2.0, 2.0)).unwrap())]).collect()
 }
 
 fn op(g: &mut Graph, op: &str, name: &str, inputs: &[ValueId]) -> ValueId {

@@ -20,30 +20,13 @@ use qforge_testkit::{compare, make_inputs, ort_run_with, repo, TempDir};
 
 use qforge_testkit::noise;
 
-/// Seeded uniform [-1, 1) samples of the given inputs.
-struct Seeded(Vec<(String, Vec<usize>)>);
+/// Seeded uniform [-1, 1) calibration feeds of the given inputs.
+type Seeded = Vec<Vec<(String, Tensor)>>;
 
-impl Seeded {
-    fn sample(&self, i: usize) -> Vec<(String, Tensor)> {
-        self.0.iter().enumerate().map(|(k, (name, shape))| {
-            (name.clone(), Tensor::from_vec(shape, noise((i * 7 + k) as u64 + 1, shape.iter().product(), -1.0, 1.0)).unwrap())
-        }).collect()
-    }
+fn seeded(inputs: &[(&str, &[usize])]) -> Seeded {
+    qforge_testkit::seeded_feeds(inputs, 4)
 }
 
-impl SampleSource for Seeded {
-    fn len(&self) -> usize {
-        4
-    }
-    fn name(&self, i: usize) -> String {
-        format!("#{i}")
-    }
-    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        Ok(self.sample(i))
-    }
-}
-
-/// Samples from a folder of `<sample>/<input>.npy` (the bench harness's calibration export).
 fn model(g: Graph, opset: i64) -> Model {
     Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: opset }], graph: g, ..Default::default() }
 }
@@ -112,7 +95,7 @@ fn torch_affine(lo: f32, hi: f32, qmin: i64, qmax: i64, eps: f32) -> (f32, i64) 
 }
 
 fn float_outputs(m: &Model, samples: &Seeded, i: usize) -> Vec<(String, Tensor)> {
-    qforge_runtime::Session::new(m).unwrap().run(samples.sample(i)).unwrap()
+    qforge_runtime::Session::new(m).unwrap().run(samples[i].clone()).unwrap()
 }
 
 #[test]
@@ -127,7 +110,7 @@ fn concat_inputs_and_output_share_one_scale() {
     g.add_node(Node::new("Concat", "cat").with_inputs([a, b]).with_outputs([cat]).with_attr("axis", Attr::Int(1))).unwrap();
     g.set_outputs(vec![cat]).unwrap();
     let m = model(g, 13);
-    let samples = Seeded(vec![("x".into(), vec![1, 4, 6, 6])]);
+    let samples = seeded(&[("x", &[1, 4, 6, 6])]);
     // The range of the concatenation over the calibration samples, from the float model.
     let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
     for i in 0..samples.len() {
@@ -152,7 +135,7 @@ fn concat_inputs_and_output_share_one_scale() {
 /// folding leaves them) keep their own scales.
 #[test]
 fn bias_scale_is_input_scale_times_weight_scale_per_channel() {
-    let samples = Seeded(vec![("x".into(), vec![1, 3, 8, 8])]);
+    let samples = seeded(&[("x", &[1, 3, 8, 8])]);
     for (precision, amplitude) in [(Precision::A8W8, 0.5), (Precision::A16W8, 0.5), (Precision::A16W16, 0.5), (Precision::A8W8, 1e-5), (Precision::A16W8, 1e-5)] {
         let mut g = Graph::new("g");
         let x = input(&mut g, "x", &[1, 3, 8, 8]);
@@ -193,7 +176,7 @@ fn sigmoid_and_tanh_outputs_have_fixed_qparams() {
     let t = op(&mut g, "Tanh", "tanh", &[c]);
     g.set_outputs(vec![s, t]).unwrap();
     let m = model(g, 13);
-    let samples = Seeded(vec![("x".into(), vec![1, 2, 4, 4])]);
+    let samples = seeded(&[("x", &[1, 2, 4, 4])]);
     // QNN encodings: sigmoid scale 1/2^bits with offset 0; tanh covers [-1, 1] with the zero
     // point in the middle of the unsigned range.
     let cases = [
@@ -226,7 +209,7 @@ fn block_wise_weights_are_int4_with_block_size() {
     g.set_outputs(vec![y, yc, yd]).unwrap();
     let m = model(g, 17);
     let wdata = init(&m, w).as_slice::<f32>().unwrap().to_vec();
-    let samples = Seeded(vec![("x".into(), vec![1, 128]), ("xc".into(), vec![1, 96, 2, 2])]);
+    let samples = seeded(&[("x", &[1, 128]), ("xc", &[1, 96, 2, 2])]);
     for block in [64, 32] {
         let options = HtpOptions { precision: Precision::A16W4Block, precision_options: PrecisionOptions { block_size: block, ..Default::default() }, soc: Some("v73".into()) };
         let (q, report) = run(&m, &HtpQuantizer::new(&options, None).unwrap(), &samples);
@@ -276,7 +259,7 @@ fn conv_chain() -> (Model, Seeded) {
         }
     }
     g.set_outputs(vec![x]).unwrap();
-    (model(g, 13), Seeded(vec![("x".into(), vec![1, 3, 6, 6])]))
+    (model(g, 13), seeded(&[("x", &[1, 3, 6, 6])]))
 }
 
 #[test]
@@ -323,7 +306,7 @@ fn relu_fuses_into_its_conv_and_rules_can_be_replaced() {
     let r = op(&mut g, "Resize", "resize", &[c, roi, scales]);
     g.set_outputs(vec![r]).unwrap();
     let m = model(g, 13);
-    let samples = Seeded(vec![("x".into(), vec![1, 2, 4, 4])]);
+    let samples = seeded(&[("x", &[1, 2, 4, 4])]);
     let group = |report: &Report, v: &str| report.activations.iter().find(|a| a.value == v).map(|a| a.group);
     let (_, own) = run(&m, &htp(Precision::A8W8, "v75", None), &samples);
     assert_ne!(group(&own, "conv_out"), group(&own, "resize_out"));
@@ -438,7 +421,7 @@ fn every_op_constraint_is_reported_on_its_node_and_only_there() {
 fn strict_fails_on_violations_and_the_report_lists_them() {
     let (g, _) = weighted_graph();
     let m = model(g, 13);
-    let samples = Seeded(vec![("x".into(), vec![1, 128, 2, 2])]);
+    let samples = seeded(&[("x", &[1, 128, 2, 2])]);
     let q = htp(Precision::A16W4Block, "v68", None);
     let (_, report) = run(&m, &q, &samples);
     let nodes: Vec<(&str, &str)> = report.violations.iter().map(|v| (v.node.as_str(), v.op.as_str())).collect();
@@ -517,14 +500,8 @@ fn every_precision_runs_in_ort_and_matches_qforge_on_tiny_cnn() {
     let (name, all) = &stacked[0];
     let per = all.len() / all.shape()[0];
     let shape = &all.shape()[1..];
-    struct Rows(String, Vec<Tensor>);
-    impl SampleSource for Rows {
-        fn len(&self) -> usize { self.1.len() }
-        fn name(&self, i: usize) -> String { format!("row {i}") }
-        fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> { Ok(vec![(self.0.clone(), self.1[i].clone())]) }
-    }
     let data = all.as_slice::<f32>().unwrap();
-    let rows = Rows(name.clone(), (0..all.shape()[0]).map(|i| Tensor::from_vec(shape, data[i * per..(i + 1) * per].to_vec()).unwrap()).collect());
+    let rows: Vec<_> = (0..all.shape()[0]).map(|i| vec![(name.clone(), Tensor::from_vec(shape, data[i * per..(i + 1) * per].to_vec()).unwrap())]).collect();
     let feed = vec![(name.clone(), Tensor::from_vec(shape, noise(99, per, -1.0, 1.0)).unwrap())];
     let tmp = TempDir::new("htp-tiny");
     check_against_ort("tiny_cnn", &m, &rows, &feed, 4, tmp.path());
@@ -535,13 +512,7 @@ fn every_precision_runs_in_ort_and_matches_qforge_on_ocr_cls() {
     let m = qforge_testkit::real_models().into_iter().find(|m| m.name == "ocr_cls").expect("ocr_cls is fetched by scripts/setup.sh");
     let mut model = qforge_onnx::load(&m.path).unwrap();
     qforge_onnx::fold_constant_nodes(&mut model);
-    struct Seeds(Vec<Vec<(String, Tensor)>>);
-    impl SampleSource for Seeds {
-        fn len(&self) -> usize { self.0.len() }
-        fn name(&self, i: usize) -> String { format!("seed {i}") }
-        fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> { Ok(self.0[i].clone()) }
-    }
-    let samples = Seeds((0..4).map(|s| make_inputs(&model.graph, &m, 20 + s)).collect());
+    let samples: Vec<_> = (0..4).map(|s| make_inputs(&model.graph, &m, 20 + s)).collect();
     let feed = make_inputs(&model.graph, &m, 7);
     let tmp = TempDir::new("htp-cls");
     check_against_ort("ocr_cls", &model, &samples, &feed, 64, tmp.path());

@@ -12,27 +12,7 @@ use qforge_quant::report::Report;
 use qforge_quant::{Convention, QScheme, QType};
 use qforge_testkit::{compare, make_inputs, ort_run_with, real_models, TempDir};
 
-struct Seeded {
-    inputs: Vec<(String, Vec<usize>)>,
-    n: usize,
-}
-
 use qforge_testkit::noise;
-
-impl SampleSource for Seeded {
-    fn len(&self) -> usize {
-        self.n
-    }
-    fn name(&self, i: usize) -> String {
-        format!("#{i}")
-    }
-    fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        Ok(self.inputs.iter().enumerate().map(|(k, (name, shape))| {
-            let n = shape.iter().product();
-            (name.clone(), Tensor::from_vec(shape, noise((i * 7 + k) as u64 + 1, n, -1.0, 1.0)).unwrap())
-        }).collect())
-    }
-}
 
 fn model(g: Graph, opset: i64) -> Model {
     Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: opset }], graph: g, ..Default::default() }
@@ -57,7 +37,7 @@ fn run(m: &Model, backend: &str, inputs: &[(&str, &[usize])]) -> (Model, Report)
     let backend = BackendConfig::load(backend).unwrap();
     let mapping = default_mapping(&backend, RangeName::Minmax, true);
     let q = ConfigQuantizer { backend, mapping };
-    let samples = Seeded { inputs: inputs.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect(), n: 4 };
+    let samples = qforge_testkit::seeded_feeds(inputs, 4);
     quantize(m, &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap()
 }
 
@@ -269,13 +249,7 @@ fn qdq_models_match_ort_on_real_models() {
         let mut original = qforge_onnx::load(&m.path).unwrap();
         qforge_onnx::fold_constant_nodes(&mut original);
         let inputs = make_inputs(&original.graph, &m, 5);
-        struct Fixed(Vec<Vec<(String, Tensor)>>);
-        impl SampleSource for Fixed {
-            fn len(&self) -> usize { self.0.len() }
-            fn name(&self, i: usize) -> String { format!("#{i}") }
-            fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> { Ok(self.0[i].clone()) }
-        }
-        let samples = Fixed((0..4).map(|s| make_inputs(&original.graph, &m, 10 + s)).collect());
+        let samples: Vec<_> = (0..4).map(|s| make_inputs(&original.graph, &m, 10 + s)).collect();
         let backend = BackendConfig::load("ort").unwrap();
         let mapping = default_mapping(&backend, RangeName::Minmax, true);
         let (q, report) = quantize(&original, &ConfigQuantizer { backend, mapping }, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();

@@ -119,6 +119,15 @@ pub fn noise(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     }).collect()
 }
 
+/// `count` feeds of float inputs `(name, shape)`, values uniform in `[-1, 1)` from [`noise`]
+/// (input `k` of feed `i` seeded with `7 i + k + 1`).
+pub fn seeded_feeds(inputs: &[(&str, &[usize])], count: usize) -> Vec<Vec<(String, qforge_ir::Tensor)>> {
+    (0..count).map(|i| inputs.iter().enumerate().map(|(k, (name, shape))| {
+        let n = shape.iter().product();
+        (name.to_string(), qforge_ir::Tensor::from_vec(shape, noise((i * 7 + k) as u64 + 1, n, -1.0, 1.0)).unwrap())
+    }).collect()).collect()
+}
+
 /// Deterministic inputs for a model: floats uniform in [-1, 1), integers from the model's
 /// value hints (else zero), dynamic dimensions from its shape hints (else 1).
 pub fn make_inputs(graph: &qforge_ir::Graph, m: &RealModel, seed: u64) -> Vec<(String, qforge_ir::Tensor)> {
