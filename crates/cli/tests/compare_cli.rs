@@ -4,21 +4,12 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-use qforge_testkit::{repo, TempDir};
+use qforge_testkit::TempDir;
 
-fn qforge(args: &[&OsStr]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qforge")).args(args).output().expect("qforge runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn example(name: &str) -> PathBuf {
-    repo().join("examples").join(name)
-}
+mod common;
+use common::{example, qforge, text};
 
 /// The example model quantized by `qforge quantize` into `dir`.
 fn quantized_example(dir: &Path) -> PathBuf {

@@ -2,14 +2,13 @@
 //! JSON beside it, through temporary files renamed into place; any other path still writes the
 //! JSON report; a report that cannot be written is an error naming it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use qforge_testkit::{oracle, repo, TempDir};
+use qforge_testkit::{oracle, TempDir};
 
-fn example(name: &str) -> PathBuf {
-    repo().join("examples").join(name)
-}
+mod common;
+use common::example;
 
 fn quantize(dir: &Path, report: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_qforge"))

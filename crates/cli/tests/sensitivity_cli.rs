@@ -3,24 +3,13 @@
 //! equals `qforge compare` on the model `qforge quantize` writes, and the budget's report lists
 //! its decisions and meets the budget.
 
-use std::ffi::OsStr;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use qforge_testkit::{repo, TempDir};
+use qforge_testkit::TempDir;
 use serde_json::Value;
 
-fn qforge(args: &[&OsStr]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qforge")).args(args).output().expect("qforge runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn example(name: &str) -> PathBuf {
-    repo().join("examples").join(name)
-}
+mod common;
+use common::{example, qforge, text};
 
 fn json(o: &Output) -> Value {
     assert!(o.status.success(), "{}", text(&o.stderr));
