@@ -29,6 +29,9 @@ pub use dtype::DType;
 pub use error::{IrError, IrResult};
 pub use graph::{Graph, Node, NodeId, Value, ValueId, ValueKind, CAPTURE_USE};
 pub use model::{Function, Model, OpsetImport};
+
+/// ONNX Runtime's contrib-op domain (e.g. its 16- and 4-bit `QuantizeLinear` below opset 21).
+pub const MS_DOMAIN: &str = "com.microsoft";
 pub use patch::Patch;
 pub use scope::node_scope;
 pub use tensor::{Elem, Tensor};

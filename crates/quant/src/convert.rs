@@ -204,7 +204,7 @@ impl Emitter<'_> {
         }
         let axis = nodes.iter().any(|n| n.attr_int("axis").is_some());
         for n in nodes {
-            n.domain = "com.microsoft".into();
+            n.domain = qforge_ir::MS_DOMAIN.into();
         }
         self.log.contrib = true;
         if axis { 13 } else { 10 }

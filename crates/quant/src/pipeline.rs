@@ -262,8 +262,8 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     if let Some(max) = max_opset.filter(|&max| need > max) {
         return Err(QuantizeError::Stage { stage: "convert", reason: format!("the quantized model needs opset {need}, above --max-opset {max} (the input imports {opset_before}; block-wise weights need 21)") });
     }
-    if logs.iter().any(|l| l.contrib) && m.opset("com.microsoft").is_none() {
-        m.opset_imports.push(qforge_ir::OpsetImport { domain: "com.microsoft".into(), version: 1 });
+    if logs.iter().any(|l| l.contrib) && m.opset(qforge_ir::MS_DOMAIN).is_none() {
+        m.opset_imports.push(qforge_ir::OpsetImport { domain: qforge_ir::MS_DOMAIN.into(), version: 1 });
     }
     if need > opset_before {
         crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;

@@ -93,7 +93,7 @@ fn windowed(node: &Node, x: &Shape, kernel: &[i64]) -> Shape {
 pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
     let x = ins.first().cloned().unwrap_or_default();
     let same = || vec![out(x.ty.clone())];
-    if !(node.domain.is_empty() || node.domain == "ai.onnx" || node.domain == "com.microsoft") {
+    if !(node.domain.is_empty() || node.domain == "ai.onnx" || node.domain == crate::MS_DOMAIN) {
         return None;
     }
     Some(match node.op_type.as_str() {

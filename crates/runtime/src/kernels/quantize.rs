@@ -3,7 +3,7 @@
 //! per-axis (opset 13+) and blocked (opset 21+) parameters. Results are bit-identical to
 //! ONNX Runtime's CPU kernels. Float8, float6 and float4 formats are refused.
 
-use qforge_ir::{DType, Tensor};
+use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::elementwise::{from_f32, to_f32};
 use super::util::{axis as norm_axis, input, kernel, opt_input, tensor};
@@ -14,12 +14,9 @@ use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 pub fn register(r: &mut Registry) {
     r.add("", "QuantizeLinear", 10, LATEST, quantize_linear);
     r.add("", "DequantizeLinear", 10, LATEST, dequantize_linear);
-    r.add(CONTRIB, "QuantizeLinear", 1, 1, quantize_linear);
-    r.add(CONTRIB, "DequantizeLinear", 1, 1, dequantize_linear);
+    r.add(MS_DOMAIN, "QuantizeLinear", 1, 1, quantize_linear);
+    r.add(MS_DOMAIN, "DequantizeLinear", 1, 1, dequantize_linear);
 }
-
-/// ONNX Runtime's contrib domain.
-const CONTRIB: &str = "com.microsoft";
 
 /// The ONNX opset whose QuantizeLinear/DequantizeLinear a `com.microsoft` Q/DQ (version 1)
 /// behaves like: it takes opset 21's 8-, 16- and 4-bit types and `axis`, but has no
@@ -39,7 +36,7 @@ struct Attrs {
 }
 
 fn read_attrs(info: &NodeInfo) -> RuntimeResult<Attrs> {
-    let contrib = info.node.domain == CONTRIB;
+    let contrib = info.node.domain == MS_DOMAIN;
     let opset = if contrib { CONTRIB_EQUIVALENT_OPSET } else { info.opset };
     let block_size = if opset >= 21 && !contrib { info.attr_int("block_size", 0) } else { 0 };
     if block_size < 0 {
