@@ -517,3 +517,45 @@ fn every_precision_runs_in_ort_and_matches_qforge_on_ocr_cls() {
     let tmp = TempDir::new("htp-cls");
     check_against_ort("ocr_cls", &model, &samples, &feed, 64, tmp.path());
 }
+
+/// A value read inside an If body from the main graph is quantized in both graphs, and the
+/// Q/DQ names of the body do not shadow the main graph's: ONNX's checker and ORT accept it.
+#[test]
+fn values_read_from_an_enclosing_graph_are_quantized_inside_if_bodies() {
+    let branch = |name: &str, seed: u64| {
+        let mut b = Graph::new(name);
+        let x = b.add_outer("x").unwrap();
+        let w = weight(&mut b, &format!("{name}_w"), &[2, 3, 1, 1], seed, 0.5);
+        let c = op(&mut b, "Conv", &format!("{name}_conv"), &[x, w]);
+        b.set_outputs(vec![c]).unwrap();
+        b
+    };
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 3, 4, 4]);
+    let cond = g.add_initializer("cond", Tensor::from_bools(&[], &[true]).unwrap()).unwrap();
+    let y = g.new_value("y", Some(ValueType::tensor_of(DType::F32, &[1, 2, 4, 4]))).unwrap();
+    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([y])
+        .with_attr("then_branch", Attr::Graph(Box::new(branch("then", 11))))
+        .with_attr("else_branch", Attr::Graph(Box::new(branch("else", 12))))).unwrap();
+    let wm = weight(&mut g, "main_w", &[2, 3, 1, 1], 13, 0.5);
+    let main_out = op(&mut g, "Conv", "main_conv", &[x, wm]);
+    g.set_outputs(vec![y, main_out]).unwrap();
+    let samples = seeded(&[("x", &[1, 3, 4, 4])]);
+    let (q, report) = run(&model(g, 13), &htp(Precision::A8W8, "v75", None), &samples);
+    for graph in ["g", "then"] {
+        assert!(report.activations.iter().any(|a| a.graph == graph && a.value == "x"), "x quantized in graph '{graph}'");
+    }
+    let tmp = TempDir::new("htp-if");
+    let path = tmp.path().join("if.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let check = qforge_testkit::oracle("onnx_check.py", &[path.as_os_str()]);
+    assert!(check.status.success(), "onnx.checker: {}", String::from_utf8_lossy(&check.stdout));
+    let feed = samples[0].clone();
+    let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
+    let theirs = ort_run_with(&path, &feed, 1, true);
+    let step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
+    for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+        let (worst, ok) = compare(a, b, 0.0, step as f64);
+        assert!(ok, "'{name}': qforge and ORT differ by {worst}");
+    }
+}

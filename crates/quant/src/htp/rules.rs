@@ -9,14 +9,10 @@
 //! Math-invariant ops (every quantized output shared with an input) take their encoding from
 //! their producers: when none of their inputs is quantized by its producer (they read float
 //! nodes only), they stay float, in topological order so chains of them fall back together.
-//!
-//! Inside an If/Loop body, a value read from an enclosing graph stays float: convert names a
-//! Q/DQ after its value, and the enclosing graph may quantize the same value under the same
-//! name, which would break ONNX's single assignment across graphs.
 
 use std::collections::{BTreeMap, HashMap};
 
-use qforge_ir::{Graph, NodeId, ValueId, ValueKind};
+use qforge_ir::{Graph, NodeId, ValueId};
 
 use super::precision::Precision;
 use super::soc::{Generation, SocTable};
@@ -293,18 +289,14 @@ impl AnnotationContext<'_> {
         is_float(self.graph, v) && !self.is_constant(v)
     }
 
-    /// Whether `v` can be quantized in this graph: float, and not read from an enclosing graph.
+    /// Whether `v` can be quantized: it holds float data.
     pub fn is_quantizable(&self, v: ValueId) -> bool {
-        is_float(self.graph, v) && self.graph.value(v).is_ok_and(|x| x.kind() != ValueKind::Outer)
+        is_float(self.graph, v)
     }
 
     /// Input `i` of `n` when it can be quantized, or why not.
     pub fn quantizable_input(&self, n: NodeId, i: usize) -> Result<ValueId, Unquantized> {
-        let v = self.input(n, i).filter(|&v| is_float(self.graph, v)).ok_or_else(|| Unquantized::unsupported(format!("its input {i} is not float")))?;
-        if !self.is_quantizable(v) {
-            return Err(Unquantized::unsupported(format!("its input {i} is read from an enclosing graph, and stays float inside a subgraph")));
-        }
-        Ok(v)
+        self.input(n, i).filter(|&v| self.is_quantizable(v)).ok_or_else(|| Unquantized::unsupported(format!("its input {i} is not float")))
     }
 
     /// Whether `v` is a float initializer.
@@ -361,7 +353,7 @@ fn annotate_binary(cx: &mut AnnotationContext<'_>, n: NodeId) -> Result<(), Unqu
         }
     }
     if ann.inputs.is_empty() {
-        return Err(Unquantized::unsupported("its float inputs are read from an enclosing graph, and stay float inside a subgraph"));
+        return Err(Unquantized::unsupported("it has no float input"));
     }
     if cx.float_outputs(n).contains(&0) {
         ann.set_output(0, Spec::Quantize(act));
@@ -478,7 +470,7 @@ fn annotate_concat(cx: &mut AnnotationContext<'_>, n: NodeId) -> Result<(), Unqu
     let node = cx.graph.node(n).expect("live node");
     let float: Vec<(usize, ValueId)> = node.inputs.iter().enumerate().filter_map(|(i, v)| v.filter(|&v| cx.is_quantizable(v)).map(|v| (i, v))).collect();
     let Some(&(anchor, _)) = float.iter().find(|(_, v)| cx.is_activation(*v)).or(float.first()) else {
-        return Err(Unquantized::unsupported("its float inputs are read from an enclosing graph, and stay float inside a subgraph"));
+        return Err(Unquantized::unsupported("it has no float input"));
     };
     let shared = Spec::Shared(Edge::Input { node: n, index: anchor });
     let mut ann = cx.annotation(n, CONCAT.name);
