@@ -6,7 +6,9 @@
 use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::elementwise::{from_f32, to_f32};
-use super::util::{axis as norm_axis, input, kernel, opt_input, tensor};
+use std::mem::MaybeUninit;
+
+use super::util::{axis as norm_axis, input, kernel, map_into, opt_input, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers `QuantizeLinear` and `DequantizeLinear`, and ONNX Runtime's `com.microsoft`
@@ -282,53 +284,66 @@ impl Plan {
     }
 }
 
-/// `v` rounded to the nearest integer, ties to even, for `|v| <= 2^22` (as `nearbyint` in
-/// the default rounding mode).
+/// `round_half_to_even(v)` as an integer, for `|v| <= 2^22`: adding 1.5 * 2^23 rounds in the
+/// default rounding mode (as `nearbyint`) and leaves the integer in the low mantissa bits, so
+/// the whole computation stays in vector registers.
 #[inline(always)]
-fn round_even(v: f32) -> f32 {
+fn round_even_int(v: f32) -> i32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    (v + MAGIC) - MAGIC
+    (v + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
-/// Quantizes one run: `out = clamp(round_even(x / s) + z, qmin, qmax)` in f32, as ONNX
-/// Runtime computes it (clamping `x / s` to `[qmin - z, qmax - z]` before rounding gives the
-/// same integers; NaN becomes `qmin`, as in ONNX Runtime's vector kernels).
+/// `clamp(round_half_to_even(v / s) + z, qmin, qmax)` as ONNX Runtime computes it: clamping
+/// `v / s` to `[qmin - z, qmax - z]` before rounding gives the same integer, and NaN becomes
+/// `qmin` (`f32::max` returns the non-NaN operand), as in ONNX Runtime's vector kernels.
 #[inline(always)]
-fn quantize_run<O: QInt>(x: &[f32], out: &mut [O], scale: &[f32], zp: &[i32], p: Param, (qmin, qmax): (i32, i32)) {
+fn quantize_one(v: f32, s: f32, z: i32, lo: f32, hi: f32) -> i32 {
+    round_even_int((v / s).max(lo).min(hi)) + z
+}
+
+/// Quantizes one run into `out` (every element written).
+#[inline(always)]
+fn quantize_run<O: QInt>(x: &[f32], out: &mut [MaybeUninit<O>], scale: &[f32], zp: &[i32], p: Param, (qmin, qmax): (i32, i32)) {
     match p {
         Param::Same(k) => {
             let (s, z) = (scale[k], zp[k]);
             let (lo, hi) = ((qmin - z) as f32, (qmax - z) as f32);
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = O::put(round_even((v / s).max(lo).min(hi)) as i32 + z);
-            }
+            map_into(out, x, |v| MaybeUninit::new(O::put(quantize_one(v, s, z, lo, hi))));
         }
         Param::Each(k) => {
             let n = out.len();
             for (((o, &v), &s), &z) in out.iter_mut().zip(x).zip(&scale[k..k + n]).zip(&zp[k..k + n]) {
-                *o = O::put(round_even((v / s).max((qmin - z) as f32).min((qmax - z) as f32)) as i32 + z);
+                *o = MaybeUninit::new(O::put(quantize_one(v, s, z, (qmin - z) as f32, (qmax - z) as f32)));
             }
         }
     }
 }
 
-/// Dequantizes one run: `out = f32(x - z) * s`, the subtraction in 32-bit integers.
+/// Dequantizes one run into `out` (every element written): `f32(x - z) * s`, the subtraction
+/// in 32-bit integers.
 #[inline(always)]
-fn dequantize_run<I: QInt>(x: &[I], out: &mut [f32], scale: &[f32], zp: &[i32], p: Param) {
+fn dequantize_run<I: QInt>(x: &[I], out: &mut [MaybeUninit<f32>], scale: &[f32], zp: &[i32], p: Param) {
     match p {
         Param::Same(k) => {
             let (s, z) = (scale[k], zp[k]);
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = v.get().wrapping_sub(z) as f32 * s;
-            }
+            map_into(out, x, |v| MaybeUninit::new(v.get().wrapping_sub(z) as f32 * s));
         }
         Param::Each(k) => {
             let n = out.len();
             for (((o, &v), &s), &z) in out.iter_mut().zip(x).zip(&scale[k..k + n]).zip(&zp[k..k + n]) {
-                *o = v.get().wrapping_sub(z) as f32 * s;
+                *o = MaybeUninit::new(v.get().wrapping_sub(z) as f32 * s);
             }
         }
     }
+}
+
+/// A vector of `n` elements, every one written by `fill` (which must write them all).
+fn written<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
+    let mut out = Vec::with_capacity(n);
+    fill(&mut out.spare_capacity_mut()[..n]);
+    // SAFETY: `fill` initialized all `n` elements (Plan::fill visits every element once).
+    unsafe { out.set_len(n) };
+    out
 }
 
 /// Scale as f32 values (float, float16 or bfloat16) and the zero point as i32 values (zeros
@@ -380,9 +395,7 @@ fn quantize_linear(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let xs = to_f32(x)?;
         let r = range(out_type);
         fn run<O: QInt>(plan: &Plan, x: &[f32], s: &[f32], z: &[i32], r: (i32, i32)) -> Vec<O> {
-            let mut out = vec![O::default(); x.len()];
-            plan.fill(&mut out, |at, dst, p| quantize_run(&x[at..at + dst.len()], dst, s, z, p, r));
-            out
+            written(x.len(), |out| plan.fill(out, |at, dst, p| quantize_run(&x[at..at + dst.len()], dst, s, z, p, r)))
         }
         let shape = x.shape();
         let y = match out_type {
@@ -419,9 +432,7 @@ fn dequantize_linear(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         check_float_type(out_type, a.opset, "output")?;
         let plan = Plan::new(x.shape(), scale.shape(), &a)?;
         fn run<I: QInt>(plan: &Plan, x: &[I], s: &[f32], z: &[i32]) -> Vec<f32> {
-            let mut out = vec![0f32; x.len()];
-            plan.fill(&mut out, |at, dst, p| dequantize_run(&x[at..at + dst.len()], dst, s, z, p));
-            out
+            written(x.len(), |out| plan.fill(out, |at, dst, p| dequantize_run(&x[at..at + dst.len()], dst, s, z, p)))
         }
         let y = match x.dtype() {
             DType::U8 => run(&plan, x.as_slice::<u8>().unwrap(), &s, &z),
