@@ -22,9 +22,16 @@ pub struct SensitivityArgs {
     pub quantizer: QuantizerArgs,
     pub json: bool,
     pub threads: usize,
-    /// Evaluate on the first N samples only.
+    /// Evaluate on the first N samples; by default as many of the first samples as
+    /// [`DEFAULT_MAX_SAMPLES`] and [`DEFAULT_ELEMENT_BUDGET`] allow.
     pub limit: Option<usize>,
 }
+
+/// The most samples evaluated without `--limit`.
+const DEFAULT_MAX_SAMPLES: usize = 8;
+/// Without `--limit`, samples are taken while their inputs hold fewer elements than this
+/// together (at least one): every group costs two partial runs per sample.
+const DEFAULT_ELEMENT_BUDGET: usize = 1 << 20;
 
 pub fn run(args: SensitivityArgs) -> Result<()> {
     if args.limit == Some(0) {
@@ -39,11 +46,15 @@ pub fn run(args: SensitivityArgs) -> Result<()> {
         Some(path) => CalibrationSamples(CalibrationSet::open(path, &inputs)?),
         None => CalibrationSamples(CalibrationSet::open(&args.calibration_data, &inputs)?),
     };
-    let len = args.limit.map_or(evaluation.len(), |n| n.min(evaluation.len()));
+    let first = match args.limit {
+        Some(n) => FirstSamples { source: &evaluation, len: n.min(evaluation.len()) },
+        None => FirstSamples::within(&evaluation, DEFAULT_MAX_SAMPLES, DEFAULT_ELEMENT_BUDGET)
+            .map_err(|(sample, reason)| anyhow::anyhow!("sample '{sample}': {reason}"))?,
+    };
     let opts = QuantizeOptions { threads: args.threads, strict: false, ..Default::default() };
     let calibrated = calibrate(&model, quantizer.as_ref(), &calibration, &opts, &mut progress("calibrating", args.json))
         .with_context(|| format!("cannot calibrate {}", args.model.display()))?;
-    let analysis = analyze(&calibrated, &FirstSamples { source: &evaluation, len }, args.threads, &mut unit_progress(args.json))
+    let analysis = analyze(&calibrated, &first, args.threads, &mut unit_progress(args.json))
         .with_context(|| format!("cannot analyze {}", args.model.display()))?;
     if args.json {
         let mut doc = serde_json::to_value(&analysis)?;

@@ -55,6 +55,21 @@ impl SampleSource for FirstSamples<'_> {
     }
 }
 
+impl<'a> FirstSamples<'a> {
+    /// The leading samples of `source` that fit a cost budget: at most `max`, taken while the
+    /// inputs taken so far hold fewer than `elements` elements (at least one, when `source` has
+    /// any). The error is the name of the sample that could not be read, and why.
+    pub fn within(source: &'a dyn SampleSource, max: usize, elements: usize) -> Result<FirstSamples<'a>, (String, String)> {
+        let (mut taken, mut len) = (0, 0);
+        while len < source.len().min(max) && (len == 0 || taken < elements) {
+            let feed = source.load(len).map_err(|reason| (source.name(len), reason))?;
+            taken += feed.iter().map(|(_, t)| t.len()).sum::<usize>();
+            len += 1;
+        }
+        Ok(FirstSamples { source, len })
+    }
+}
+
 /// How the pipeline runs.
 #[derive(Debug, Clone, Default)]
 pub struct QuantizeOptions {
@@ -271,4 +286,24 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok((m, report, logs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples of one input with `sizes[i]` elements.
+    fn samples(sizes: &[usize]) -> Vec<Vec<(String, Tensor)>> {
+        sizes.iter().map(|&n| vec![("x".to_string(), Tensor::from_vec(&[n], vec![0f32; n]).unwrap())]).collect()
+    }
+
+    #[test]
+    fn leading_samples_stop_once_the_element_budget_is_reached() {
+        let take = |sizes: &[usize], max, budget| FirstSamples::within(&samples(sizes), max, budget).unwrap().len;
+        assert_eq!(take(&[10, 10, 10, 10], 8, 25), 3, "10 + 10 < 25, so a third sample is taken");
+        assert_eq!(take(&[10, 10, 10, 10], 8, 20), 2);
+        assert_eq!(take(&[100, 1], 8, 20), 1, "one sample is always taken");
+        assert_eq!(take(&[1; 20], 8, 1000), 8, "at most `max`");
+        assert_eq!(take(&[], 8, 1000), 0);
+    }
 }

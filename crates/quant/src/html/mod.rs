@@ -5,7 +5,7 @@
 //!
 //! [`build`] gathers the data: it runs [`compare`] between the float model (fused as the
 //! quantizer fuses it) and the quantized model on the first calibration samples (see
-//! [`report_sample_count`]), then one more float run that histograms the
+//! [`FirstSamples::within`]), then one more float run that histograms the
 //! [`WORST_ACTIVATIONS`] activations with the lowest SQNR, and reads the per-channel ranges of
 //! the [`WORST_WEIGHTS`] weights with the lowest channel SQNR from the models. [`render`]
 //! writes the page; it is a pure function of the [`HtmlReport`], so the same data gives the
@@ -114,27 +114,13 @@ pub struct HtmlReport<'a> {
     pub seconds: f64,
 }
 
-/// How many of the first samples the report uses: at most [`MAX_REPORT_SAMPLES`], taken
-/// while the inputs taken so far hold fewer than [`REPORT_ELEMENT_BUDGET`] elements (at least
-/// one).
-pub fn report_sample_count(samples: &dyn SampleSource) -> Result<usize, HtmlReportError> {
-    let mut elements = 0;
-    let mut count = 0;
-    while count < samples.len().min(MAX_REPORT_SAMPLES) && (count == 0 || elements < REPORT_ELEMENT_BUDGET) {
-        let feed = samples.load(count).map_err(|reason| HtmlReportError::Sample { sample: samples.name(count), reason })?;
-        elements += feed.iter().map(|(_, t)| t.len()).sum::<usize>();
-        count += 1;
-    }
-    Ok(count)
-}
-
 /// Gathers the report's data for `quantized`, quantized from `float` with `report`, on the
-/// first [`report_sample_count`] samples of `samples` with `threads` worker threads (0: all
+/// first samples of `samples` ([`MAX_REPORT_SAMPLES`] at most, within [`REPORT_ELEMENT_BUDGET`], see [`FirstSamples::within`]) with `threads` worker threads (0: all
 /// cores). `progress(done, total)` is called after each compared sample. Neither model is
 /// modified.
 pub fn build<'a>(subject: Subject, float: &Model, quantized: &Model, report: &'a Report, samples: &dyn SampleSource, threads: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<HtmlReport<'a>, HtmlReportError> {
     let started = Instant::now();
-    let first = FirstSamples { source: samples, len: report_sample_count(samples)? };
+    let first = FirstSamples::within(samples, MAX_REPORT_SAMPLES, REPORT_ELEMENT_BUDGET).map_err(|(sample, reason)| HtmlReportError::Sample { sample, reason })?;
     let comparison = compare(float, quantized, &first, threads, progress)?;
     let mut fused = float.clone();
     fuse(&mut fused).map_err(HtmlReportError::Model)?;
