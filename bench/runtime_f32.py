@@ -4,7 +4,9 @@
     .cache/venv/bin/python bench/runtime_f32.py --qforge target/release/qforge [--rounds 3] [--runs 10]
 
 Rounds interleave the two engines and thread counts; the table shows, per model and thread
-count, the median over rounds of each round's median latency, and qforge / ORT.
+count, the median over rounds of each round's median latency, and qforge / ORT, then the
+fastest single run of each engine and their ratio (less sensitive to other load on the
+machine).
 """
 import argparse
 import json
@@ -58,15 +60,15 @@ def ort_median(path, feed, threads, runs):
         t = time.perf_counter()
         s.run(None, feed)
         times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return float(np.median(times)), float(np.min(times))
 
 
 def qforge_median(tool, path, files, threads, runs):
     cmd = [tool, "bench", path, "--threads", str(threads), "--runs", str(runs), "--warmup", "3", "--json"]
     for name, f in files.items():
         cmd += ["--input", f"{name}={f}"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["median_ms"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return out["median_ms"], out["min_ms"]
 
 
 def main():
@@ -90,11 +92,13 @@ def main():
                 for _ in range(args.rounds):
                     q.append(qforge_median(args.qforge, path, files, threads, args.runs))
                     o.append(ort_median(path, feed, threads, args.runs))
-                rows.append((name, threads, float(np.median(q)), float(np.median(o))))
-    print(f"{'model':<22} {'threads':>7} {'qforge ms':>10} {'ORT ms':>9} {'ratio':>7}")
-    for name, t, q, o in rows:
-        print(f"{name:<22} {t:>7} {q:>10.2f} {o:>9.2f} {q / o:>7.2f}")
-    print(json.dumps([{"model": n, "threads": t, "qforge_ms": q, "ort_ms": o, "ratio": q / o} for n, t, q, o in rows]))
+                rows.append((name, threads, float(np.median([x[0] for x in q])), float(np.median([x[0] for x in o])),
+                             min(x[1] for x in q), min(x[1] for x in o)))
+    print(f"{'model':<22} {'threads':>7} {'qforge ms':>10} {'ORT ms':>9} {'ratio':>7} {'qf best':>9} {'ORT best':>9} {'ratio':>7}")
+    for name, t, q, o, qb, ob in rows:
+        print(f"{name:<22} {t:>7} {q:>10.2f} {o:>9.2f} {q / o:>7.2f} {qb:>9.2f} {ob:>9.2f} {qb / ob:>7.2f}")
+    print(json.dumps([{"model": n, "threads": t, "qforge_ms": q, "ort_ms": o, "ratio": q / o, "qforge_best_ms": qb, "ort_best_ms": ob}
+                      for n, t, q, o, qb, ob in rows]))
 
 
 if __name__ == "__main__":

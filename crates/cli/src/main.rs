@@ -96,6 +96,8 @@ enum Command {
         /// Accuracy budget: as --max-output-error, until every output's SQNR is at least DB.
         #[arg(long, value_name = "DB")]
         min_sqnr: Option<f64>,
+        #[command(flatten)]
+        format: quantize::FormatArgs,
     },
     /// Rank the observation groups and quantized weights by how much each alone moves the
     /// outputs: SQNR and cosine of every output with only that group quantized, and with only
@@ -176,9 +178,9 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Inspect { model, json } => inspect::inspect(&model, json),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
-        Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr } => {
+        Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format } => {
             quantizer.quiet = json;
-            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr })
+            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format })
         }
         Command::Sensitivity { model, calibration_data, data, mut quantizer, json, threads, limit } => {
             quantizer.quiet = json;

@@ -8,7 +8,7 @@ use qforge_ir::Model;
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::html::{self, Subject};
 use qforge_quant::report::Report;
-use qforge_quant::pipeline::{quantize, QuantizeOptions};
+use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions};
 use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
 use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
@@ -32,6 +32,22 @@ pub struct QuantizeArgs {
     pub max_output_error: Option<f64>,
     /// Accuracy budget: the lowest SQNR (dB) of any output.
     pub min_sqnr: Option<f64>,
+    /// QDQ, or integer operators where a QDQ unit has one (`--format`).
+    pub format: QuantFormat,
+}
+
+/// The output format of `qforge quantize`.
+#[derive(clap::Args)]
+pub struct FormatArgs {
+    /// qdq: QuantizeLinear/DequantizeLinear around float ops; qoperator: QDQ units lowered to
+    /// integer operators (QLinearConv, QLinearMatMul, MatMulInteger, com.microsoft QGemm,
+    /// QLinearAdd, ...), the rest left QDQ with the reason in the report.
+    #[arg(long, default_value = "qdq", value_name = "qdq|qoperator", value_parser = parse_format)]
+    pub format: QuantFormat,
+}
+
+fn parse_format(s: &str) -> Result<QuantFormat, String> {
+    s.parse()
 }
 
 /// How the quantizer is chosen (`--backend` and the options that go with it), shared by
@@ -164,7 +180,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let calib = CalibrationSet::open(&args.calibration_data, &model_inputs(&model))?;
     let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset };
     let samples = CalibrationSamples(calib);
-    let (quantized, report) = match budget(&args)? {
+    let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {
             let mut analysis = unit_progress(args.json);
             let quiet = args.json;
@@ -178,9 +194,14 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         None => quantize(&model, quantizer.as_ref(), &samples, &opts, &mut progress("calibrating", args.json))
             .with_context(|| format!("cannot quantize {}", args.model.display()))?,
     };
+    // The HTML report compares the QDQ model (its Q/DQ pairs locate every quantized tensor).
+    let qdq = (args.format == QuantFormat::QOperator && args.report.as_ref().is_some_and(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("html")))).then(|| quantized.clone());
+    if args.format == QuantFormat::QOperator {
+        lower(&mut quantized, &mut report).with_context(|| format!("cannot lower {} to integer operators", args.model.display()))?;
+    }
     qforge_onnx::save(&quantized, &args.output).with_context(|| format!("cannot write {}", args.output.display()))?;
     if let Some(path) = &args.report {
-        write_report(&args, path, &model, &quantized, &report, &samples)?;
+        write_report(&args, path, &model, qdq.as_ref().unwrap_or(&quantized), &report, &samples)?;
     }
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
@@ -194,6 +215,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
                 "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,
             })),
             "calibration_seconds": report.calibration_seconds, "total_seconds": report.total_seconds,
+            "lowering": report.lowering,
         }));
     } else {
         eprint!("{}", report.summary());

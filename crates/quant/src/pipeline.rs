@@ -14,6 +14,43 @@ use crate::prepare::{graph_at_mut, graphs, QuantPlan};
 use crate::quantizer::Quantizer;
 use crate::report::{NodeRecord, Report, ViolationRecord};
 
+/// The form of the quantized model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantFormat {
+    /// QuantizeLinear/DequantizeLinear around float ops (the reference form).
+    #[default]
+    Qdq,
+    /// Integer operators (QLinearConv, QLinearMatMul, com.microsoft QLinearAdd, ...) where a
+    /// QDQ unit has one; see [`crate::passes::lower_qoperator`].
+    QOperator,
+}
+
+impl std::str::FromStr for QuantFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "qdq" => Ok(QuantFormat::Qdq),
+            "qoperator" => Ok(QuantFormat::QOperator),
+            other => Err(format!("format '{other}' is not known; use qdq or qoperator")),
+        }
+    }
+}
+
+/// Lowers a converted QDQ model to integer operators ([`crate::passes::lower_qoperator`], every
+/// graph) and records in the report what was lowered, what stays QDQ and why, and the op
+/// histogram after.
+pub fn lower(m: &mut Model, report: &mut Report) -> Result<(), QuantizeError> {
+    let log = crate::passes::lower_qoperator(m).map_err(stage("lower"))?;
+    let mut ops = std::collections::BTreeMap::new();
+    for (_, g) in graphs(&m.graph) {
+        for (_, n) in g.nodes() {
+            *ops.entry(n.qualified_op()).or_insert(0usize) += 1;
+        }
+    }
+    report.lowering = Some(crate::report::LoweringRecord::new(&log, ops));
+    Ok(())
+}
+
 /// Calibration samples: each is one complete feed of the model. Shared by calibration
 /// workers, so it is `Sync`.
 pub trait SampleSource: Sync {

@@ -112,6 +112,74 @@ pub struct Report {
     /// What an accuracy budget returned to float, decision by decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
+    /// What lowering to integer operators did (`--format qoperator`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lowering: Option<LoweringRecord>,
+}
+
+/// One QDQ unit rewritten into integer operators.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoweredRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    /// What it became (e.g. `QLinearConv`, `ConvInteger+Cast+Mul`, `MaxPool on integers`).
+    pub into: String,
+}
+
+/// One QDQ unit left as it was by lowering, with the reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct NotLoweredRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    pub reason: String,
+}
+
+/// What lowering the QDQ model to integer operators did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoweringRecord {
+    /// Units lowered, counted by what they became.
+    pub lowered: BTreeMap<String, usize>,
+    pub units: Vec<LoweredRecord>,
+    /// Units that stay QDQ, each with its node and why.
+    pub not_lowered: Vec<NotLoweredRecord>,
+    /// `DequantizeLinear -> QuantizeLinear` pairs with equal qparams removed.
+    pub qdq_pairs_removed: usize,
+    /// Op histogram of the lowered model (every graph).
+    pub ops_after: BTreeMap<String, usize>,
+}
+
+impl LoweringRecord {
+    /// The record of a lowering log and the op histogram of the lowered model.
+    pub fn new(log: &crate::passes::LowerLog, ops_after: BTreeMap<String, usize>) -> LoweringRecord {
+        let mut lowered = BTreeMap::new();
+        for u in &log.lowered {
+            *lowered.entry(u.into.clone()).or_default() += 1;
+        }
+        LoweringRecord {
+            lowered,
+            units: log.lowered.iter().map(|u| LoweredRecord { graph: u.graph.clone(), node: u.node.clone(), op: u.op.clone(), into: u.into.clone() }).collect(),
+            not_lowered: log.not_lowered.iter().map(|u| NotLoweredRecord { graph: u.graph.clone(), node: u.node.clone(), op: u.op.clone(), reason: u.reason.clone() }).collect(),
+            qdq_pairs_removed: log.pairs_removed,
+            ops_after,
+        }
+    }
+
+    /// Lines for the stderr summary: counts, then every unit that stays QDQ with its reason.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let forms: Vec<String> = self.lowered.iter().map(|(k, v)| format!("{v} x {k}")).collect();
+        let _ = writeln!(s, "lowered to integer operators: {} units ({}); {} DequantizeLinear->QuantizeLinear pairs with equal qparams removed",
+            self.units.len(), if forms.is_empty() { "none".into() } else { forms.join(", ") }, self.qdq_pairs_removed);
+        if !self.not_lowered.is_empty() {
+            let _ = writeln!(s, "stay QDQ ({} units not lowered):", self.not_lowered.len());
+            for n in &self.not_lowered {
+                let _ = writeln!(s, "  node '{}' ({}, graph '{}'): {}", n.node, n.op, n.graph, n.reason);
+            }
+        }
+        s
+    }
 }
 
 impl Report {
@@ -173,6 +241,9 @@ impl Report {
         let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
         if nonfinite > 0 {
             let _ = writeln!(s, "warning: {nonfinite} NaN/Inf activation values were seen during calibration and left out of the ranges");
+        }
+        if let Some(l) = &self.lowering {
+            s += &l.summary();
         }
         s
     }

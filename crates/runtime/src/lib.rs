@@ -7,10 +7,12 @@
 //! * [`Kernel`]: a planned operator instance.
 
 mod error;
+mod fuse;
 mod hooks;
 mod kernel;
 pub mod kernels;
 mod plan;
+pub mod qgemm;
 mod session;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};

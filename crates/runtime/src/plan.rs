@@ -1,6 +1,7 @@
 //! Execution plans: a graph compiled once into kernels over value slots.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use qforge_ir::{Dim, Graph, NodeId, OpsetImport, Tensor, ValueId, ValueKind, ValueType};
 
@@ -10,17 +11,19 @@ use crate::{HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeR
 /// Ops whose outputs vary from run to run; never folded into constants.
 pub const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
 
-struct Step {
-    node: NodeId,
-    label: String,
-    op: String,
-    kernel: Box<dyn Kernel>,
-    inputs: Vec<Option<usize>>,
-    outputs: Vec<Option<usize>>,
+/// One kernel call of a plan.
+pub(crate) struct Step {
+    pub(crate) node: NodeId,
+    pub(crate) label: String,
+    pub(crate) op: String,
+    /// Shared with the fused copy of the plan (see `fuse.rs`).
+    pub(crate) kernel: Arc<dyn Kernel>,
+    pub(crate) inputs: Vec<Option<usize>>,
+    pub(crate) outputs: Vec<Option<usize>>,
     /// Slots of the enclosing-graph values the node's subgraphs read.
-    captures: Vec<usize>,
+    pub(crate) captures: Vec<usize>,
     /// Slots whose last reader is this step.
-    free: Vec<usize>,
+    pub(crate) free: Vec<usize>,
 }
 
 /// Whether planning computes nodes whose inputs are all constants once (folding them into
@@ -41,7 +44,8 @@ enum Schedule<'a> {
     /// Every step; each value is freed after its last reader unless `keep`.
     All { keep: bool },
     /// The steps of the `dirty` nodes and every step reading a value an executed step
-    /// produced; the other values stay as they are. Nothing is freed.
+    /// produced; the other values stay as they are. A recomputed value is freed after its last
+    /// reader.
     From { dirty: &'a HashSet<NodeId> },
 }
 
@@ -54,6 +58,7 @@ pub struct StepTime {
 }
 
 /// A graph input as the plan sees it.
+#[derive(Clone)]
 pub(crate) struct PlannedInput {
     pub name: String,
     pub slot: usize,
@@ -63,16 +68,16 @@ pub(crate) struct PlannedInput {
 
 /// A graph compiled for execution: constants folded, kernels built, liveness computed.
 pub struct Plan {
-    graph: String,
-    slots: usize,
-    constants: Vec<(usize, Tensor)>,
+    pub(crate) graph: String,
+    pub(crate) slots: usize,
+    pub(crate) constants: Vec<(usize, Tensor)>,
     pub(crate) inputs: Vec<PlannedInput>,
-    outers: Vec<(String, usize)>,
-    steps: Vec<Step>,
+    pub(crate) outers: Vec<(String, usize)>,
+    pub(crate) steps: Vec<Step>,
     pub(crate) outputs: Vec<(String, usize)>,
-    by_name: HashMap<String, usize>,
-    names: Vec<String>,
-    value_ids: Vec<ValueId>,
+    pub(crate) by_name: HashMap<String, usize>,
+    pub(crate) names: Vec<String>,
+    pub(crate) value_ids: Vec<ValueId>,
 }
 
 /// The version of `domain` the model imports (`""` and `"ai.onnx"` are one domain); the
@@ -153,7 +158,7 @@ impl Plan {
                 node: id,
                 label,
                 op: node.op_type.clone(),
-                kernel,
+                kernel: Arc::from(kernel),
                 inputs: node.inputs.iter().map(|v| v.map(|v| v.0 as usize)).collect(),
                 outputs: node.outputs.iter().map(|v| v.map(|v| v.0 as usize)).collect(),
                 captures: node.captures().iter().map(|v| v.0 as usize).collect(),
@@ -162,17 +167,7 @@ impl Plan {
         }
         let outputs: Vec<(String, usize)> = g.outputs().iter().map(|v| (g.value_name(*v), v.0 as usize)).collect();
         let keep: std::collections::HashSet<usize> = outputs.iter().map(|o| o.1).collect();
-        let mut last_use: HashMap<usize, usize> = HashMap::new();
-        for (i, s) in steps.iter().enumerate() {
-            for v in s.inputs.iter().flatten().chain(&s.captures).copied() {
-                last_use.insert(v, i);
-            }
-        }
-        for (v, i) in last_use {
-            if !keep.contains(&v) {
-                steps[i].free.push(v);
-            }
-        }
+        assign_frees(&mut steps, &keep);
         // Only constants that the steps or outputs read are kept.
         let needed: std::collections::HashSet<usize> = steps.iter()
             .flat_map(|s| s.inputs.iter().flatten().copied().collect::<Vec<_>>())
@@ -300,10 +295,10 @@ impl Plan {
                     *p = true;
                 }
             }
-            if let Schedule::All { keep: false } = schedule {
-                for s in &step.free {
-                    table[*s] = None;
-                }
+            match schedule {
+                Schedule::All { keep: false } => step.free.iter().for_each(|&s| table[s] = None),
+                Schedule::From { .. } => step.free.iter().filter(|&&s| produced[s]).for_each(|&s| table[s] = None),
+                Schedule::All { keep: true } => {}
             }
             if let (Some(p), Some(t0)) = (profile.as_deref_mut(), started) {
                 p.push(StepTime { node: step.label.clone(), op: step.op.clone(), seconds: t0.elapsed().as_secs_f64() });
@@ -333,6 +328,24 @@ impl Plan {
         self.outputs.iter().map(|(name, slot)| {
             table[*slot].clone().ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' output '{name}' was not computed", self.graph)))
         }).collect()
+    }
+}
+
+/// Sets each step's `free` list: the values whose last reader it is, except those in `keep`.
+pub(crate) fn assign_frees(steps: &mut [Step], keep: &HashSet<usize>) {
+    let mut last_use: HashMap<usize, usize> = HashMap::new();
+    for (i, s) in steps.iter().enumerate() {
+        for v in s.inputs.iter().flatten().chain(&s.captures).copied() {
+            last_use.insert(v, i);
+        }
+    }
+    for s in steps.iter_mut() {
+        s.free.clear();
+    }
+    for (v, i) in last_use {
+        if !keep.contains(&v) {
+            steps[i].free.push(v);
+        }
     }
 }
 

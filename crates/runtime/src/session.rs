@@ -30,8 +30,17 @@ impl RunValues {
 
 /// A model ready to run: planned once (constants folded, kernels built), with its own
 /// thread pool. Runs may use different input shapes.
+///
+/// Runs without hooks use a second plan in which chains of f32 elementwise ops are fused
+/// (into the epilogue of the Conv that feeds them, with per-channel affine ops folded into
+/// its weights, or into one pass), sharing the kernels of the other steps; its results
+/// differ from the unfused plan's by rounding at most. Runs with hooks use the unfused plan,
+/// so hooks see every value. Setting the environment variable
+/// `QFORGE_NO_FUSION` (to anything) when a session is created turns fusion off, to compare.
 pub struct Session {
-    plan: Plan,
+    pub(crate) plan: Plan,
+    /// The fused plan for runs without hooks, when anything fuses.
+    pub(crate) fused: Option<Plan>,
     pool: rayon::ThreadPool,
 }
 
@@ -50,10 +59,12 @@ impl Session {
     /// [`Session::with_options`] with a choice of [`Folding`] for the main graph.
     pub fn with_folding(model: &Model, opts: SessionOptions, folding: Folding) -> RuntimeResult<Session> {
         let plan = Plan::build_with(&model.graph, &model.opset_imports, Registry::builtin(), &Default::default(), folding)?;
+        let fuse = folding == Folding::Constants && std::env::var_os("QFORGE_NO_FUSION").is_none();
+        let fused = if fuse { plan.fused(&model.graph, &model.opset_imports) } else { None };
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()
             .map_err(|e| RuntimeError::Kernel(format!("cannot start {threads} worker threads: {e}")))?;
-        Ok(Session { plan, pool })
+        Ok(Session { plan, fused, pool })
     }
 
     /// Names of the inputs a caller must feed (inputs with defaults may be omitted).
@@ -129,7 +140,11 @@ impl Session {
     fn run_inner(&self, inputs: Vec<(String, Tensor)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Tensor)>> {
         let feeds = self.feeds(inputs)?;
         let no_scope = |_: &str| None;
-        let outs = self.pool.install(|| self.plan.run_profiled(feeds, &no_scope, hooks, profile))?;
+        let plan = match (&hooks, &self.fused) {
+            (None, Some(fused)) => fused,
+            _ => &self.plan,
+        };
+        let outs = self.pool.install(|| plan.run_profiled(feeds, &no_scope, hooks, profile))?;
         Ok(self.named(outs))
     }
 }

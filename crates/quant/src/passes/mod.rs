@@ -4,9 +4,11 @@
 mod fold_affine;
 mod fold_constant_scales;
 mod fold_constants;
+mod lower_qoperator;
 mod upgrade_opset;
 
 pub use fold_affine::fold_affine;
 pub use fold_constant_scales::fold_constant_scales;
 pub use fold_constants::fold_constants;
+pub use lower_qoperator::{lower_qoperator, LowerError, LowerLog, Lowered, NotLowered};
 pub use upgrade_opset::{upgrade_opset, Rewrite, UpgradeError, MAX_OPSET};

@@ -3,10 +3,11 @@
 use rayon::prelude::*;
 
 use super::elementwise::{from_f32, to_f32};
+use super::fused::{Bound, Program, Scratch};
 use super::gemm::{sgemm, sgemm_strided, MatRef};
-use super::util::{input, kernel, opt_input};
+use super::util::{input, kernel, opt_input, uninit_f32};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
-use qforge_ir::Tensor;
+use qforge_ir::{DType, Tensor};
 
 /// Registers Conv and ConvTranspose.
 pub fn register(r: &mut Registry) {
@@ -138,22 +139,81 @@ fn im2col_rows(x: &[f32], channels: usize, h: Axis, w: Axis, rows: std::ops::Ran
 /// A raw output pointer that tiles of one convolution write to disjointly.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: every tile writes a disjoint set of output columns.
+// SAFETY: every tile writes a disjoint set of output elements.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
-    fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: callers stay within the output slice this pointer came from.
-        unsafe { self.0.add(offset) }
+    /// The output from element `offset` to its end (`len` elements in all).
+    ///
+    /// # Safety
+    /// `offset <= len`, and no two live slices from one pointer may write the same element.
+    unsafe fn tail<'a>(self, offset: usize, len: usize) -> &'a mut [f32] {
+        // SAFETY: the caller keeps `offset` in bounds and the writes disjoint.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(offset), len - offset) }
     }
 }
 
-/// Convolution of one image and group by tiles of output rows, added to `dst`: each tile
-/// unfolds its own columns (small enough to stay in cache) and accumulates their product with
-/// the weights; tiles run in parallel.
+/// What a convolution does to each finished block of its output while the block is in
+/// cache: add the bias, then run the fused epilogue program, if any.
+#[derive(Clone, Copy)]
+struct Finish<'a> {
+    bias: Option<&'a [f32]>,
+    /// Output channels and elements per channel plane, to find a block's channels.
+    channels: usize,
+    plane: usize,
+    epilogue: Option<&'a Bound<'a>>,
+}
+
+impl Finish<'_> {
+    /// Finishes `block`, the output elements `[offset, offset + block.len())`.
+    fn apply(&self, block: &mut [f32], offset: usize, scratch: &mut Scratch) {
+        if let Some(bias) = self.bias {
+            let mut done = 0;
+            while done < block.len() {
+                let at = offset + done;
+                let run = (self.plane - at % self.plane).min(block.len() - done);
+                let b = bias[(at / self.plane) % self.channels];
+                map_into_mut(&mut block[done..done + run], |v| v + b);
+                done += run;
+            }
+        }
+        if let Some(e) = self.epilogue {
+            e.apply(block, offset, scratch);
+        }
+    }
+}
+
+/// `v = f(v)` over a slice, compiled for AVX2 when the CPU has it.
+#[inline(always)]
+fn map_into_mut(v: &mut [f32], f: impl Fn(f32) -> f32) {
+    #[inline(always)]
+    fn body(v: &mut [f32], f: impl Fn(f32) -> f32) {
+        for x in v.iter_mut() {
+            *x = f(*x);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn body_avx2(v: &mut [f32], f: impl Fn(f32) -> f32) {
+            body(v, f)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { body_avx2(v, f) };
+        }
+    }
+    body(v, f)
+}
+
+/// Convolution of one image and group by tiles of output rows, written to `dst` (`mg`
+/// channel planes of `plane` elements; channel `ch` is output channel `ch0 + ch` of the
+/// image, whose first element is output element `base`): each tile unfolds its own columns
+/// (small enough to stay in cache), multiplies them with the weights and finishes its
+/// blocks; tiles run in parallel.
 #[allow(clippy::too_many_arguments)]
-fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [f32]) {
+fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [f32], base: usize, fin: Finish) {
     let (oh, ow) = (h.output, w.output);
     let plane = oh * ow;
     let kdim = cg * h.kernel * w.kernel;
@@ -162,27 +222,261 @@ fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usi
     let tiles: Vec<std::ops::Range<usize>> = (0..oh).step_by(rows_per_tile).map(|r| r..(r + rows_per_tile).min(oh)).collect();
     let out = OutPtr(dst.as_mut_ptr());
     let len = dst.len();
-    tiles.into_par_iter().for_each_init(Vec::new, |col: &mut Vec<f32>, rows| {
+    tiles.into_par_iter().for_each_init(|| (Vec::new(), Scratch::new()), |(col, scratch): &mut (Vec<f32>, Scratch), rows| {
         let width = rows.len() * ow;
         col.resize(kdim * width, 0.0);
         im2col_rows(src, cg, h, w, rows.clone(), col);
         // SAFETY: rows are disjoint across tiles, so the column ranges written are disjoint;
         // the slice covers from this tile's first column to the end of the output.
-        let c = unsafe { std::slice::from_raw_parts_mut(out.at(rows.start * ow), len - rows.start * ow) };
-        sgemm_strided(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), c, plane, true, false);
+        let c = unsafe { out.tail(rows.start * ow, len) };
+        sgemm_strided(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), c, plane, false, false);
+        finish_tile(fin, c, mg, plane, width, base + rows.start * ow, scratch);
     });
 }
 
-struct Conv {
+/// Finishes a tile of `mg` channels by `width` columns at the start of `c` (channel planes
+/// `plane` apart; the tile's first element is output element `offset`): one block when the
+/// tile spans whole planes, else one per channel.
+fn finish_tile(fin: Finish, c: &mut [f32], mg: usize, plane: usize, width: usize, offset: usize, scratch: &mut Scratch) {
+    if width == plane {
+        fin.apply(&mut c[..mg * plane], offset, scratch);
+    } else {
+        for ch in 0..mg {
+            fin.apply(&mut c[ch * plane..ch * plane + width], offset + ch * plane, scratch);
+        }
+    }
+}
+
+/// Pointwise convolution (a `mg x cg` by `cg x plane` product) of one image and group by
+/// tiles of output columns, written to `dst` and finished tile by tile (see
+/// [`conv_tiled`]); tiles run in parallel.
+#[allow(clippy::too_many_arguments)]
+fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usize, dst: &mut [f32], base: usize, fin: Finish) {
+    // About 128 KiB of input per tile and at least 256 columns, in a multiple of the
+    // thread count of tiles.
+    let threads = rayon::current_num_threads().max(1);
+    let target = (32 * 1024 / cg.max(1)).max(256);
+    let tiles = plane.div_ceil(target).div_ceil(threads) * threads;
+    let cols = plane.div_ceil(tiles).next_multiple_of(16).min(plane);
+    let out = OutPtr(dst.as_mut_ptr());
+    let len = dst.len();
+    let run = |start: usize, scratch: &mut Scratch| {
+        let width = cols.min(plane - start);
+        // SAFETY: column ranges are disjoint across tiles; the slice covers from this tile's
+        // first column to the end of the output.
+        let c = unsafe { out.tail(start, len) };
+        sgemm_strided(mg, width, cg, MatRef::rows(weights, cg), MatRef { data: &src[start..], rs: plane, cs: 1 }, c, plane, false, false);
+        finish_tile(fin, c, mg, plane, width, base + start, scratch);
+    };
+    if plane <= cols {
+        run(0, &mut Scratch::new());
+    } else {
+        (0..plane).into_par_iter().step_by(cols).for_each_init(Scratch::new, |scratch, start| run(start, scratch));
+    }
+}
+
+/// An epilogue program and its inputs after the first, as data and shape.
+type Epilogue<'a> = Option<(&'a Program, &'a [(&'a [f32], &'a [usize])])>;
+
+/// Whether [`conv_direct`] runs here (it needs AVX-512F).
+fn direct_conv_applies() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Output channels one step of [`conv_direct`] computes.
+const DIRECT_MB: usize = 8;
+
+/// Dense convolution of one image and group computed directly, without unfolding: the
+/// `cg` input channels are copied once into the zero-padded, phase-split layout of
+/// [`Padded`], the weights are packed by blocks of [`DIRECT_MB`] output channels, and each
+/// output row is computed one or two 16-column chunks at a time for a block of channels,
+/// with the sums in registers over every tap of every input channel. Written to `dst`
+/// (`mg` channel planes; its first element is output element `base`) and finished in
+/// groups of rows; groups run in parallel. Needs AVX-512F ([`direct_conv_applies`]).
+#[allow(clippy::too_many_arguments)]
+fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [f32], base: usize, fin: Finish) {
+    let (oh, ow) = (h.output, wa.output);
+    let plane = oh * ow;
+    if plane == 0 {
+        return;
+    }
+    let nx = if ow <= LANES { 1 } else { 2 };
+    let geo = Padded::with_chunks(h, wa, nx);
+    let chan = geo.channel_len();
+    let mut padded = uninit_f32(cg * chan);
+    let plane_in = h.input * wa.input;
+    padded.par_chunks_mut(chan).enumerate().for_each(|(c, buf)| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
+        unsafe {
+            geo.fill_into_avx512(&src[c * plane_in..(c + 1) * plane_in], buf)
+        }
+    });
+    let taps = cg * h.kernel * wa.kernel;
+    let packed = pack_direct(weights, mg, taps);
+    let rows_per_task = 256usize.div_ceil(ow).min(oh);
+    let out = OutPtr(dst.as_mut_ptr());
+    let len = dst.len();
+    (0..oh).into_par_iter().step_by(rows_per_task).for_each_init(Scratch::new, |scratch, r0| {
+        let r1 = (r0 + rows_per_task).min(oh);
+        // SAFETY: tasks own disjoint row ranges of every channel plane; the slice covers
+        // from this task's first element to the end of the output.
+        let c = unsafe { out.tail(r0 * ow, len) };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
+        unsafe {
+            if nx == 1 {
+                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, mg, r0..r1, c, plane);
+            } else {
+                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, mg, r0..r1, c, plane);
+            }
+        }
+        let width = (r1 - r0) * ow;
+        for ch in 0..mg {
+            fin.apply(&mut c[ch * plane..ch * plane + width], base + ch * plane + r0 * ow, scratch);
+        }
+    });
+}
+
+/// Weights `[mg x taps]` packed for the direct kernels: blocks of [`DIRECT_MB`] output
+/// channels, each `[taps][DIRECT_MB]` (channels past `mg` zero).
+fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
+    let blocks = mg.div_ceil(DIRECT_MB);
+    let mut packed = vec![0f32; blocks * taps * DIRECT_MB];
+    for m in 0..mg {
+        let (blk, lane) = (m / DIRECT_MB, m % DIRECT_MB);
+        for t in 0..taps {
+            packed[(blk * taps + t) * DIRECT_MB + lane] = weights[m * taps + t];
+        }
+    }
+    packed
+}
+
+/// Output rows `rows` of every channel of [`conv_direct`], written to `out` (whose element
+/// 0 is row `rows.start` of channel 0; planes `plane` apart), `NX` chunks of [`LANES`]
+/// columns at a time.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `padded` holds `cg` channels in `geo`'s layout and
+/// `packed` the weights as [`conv_direct`] packs them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], mg: usize, rows: std::ops::Range<usize>, out: &mut [f32], plane: usize) {
+    use std::arch::x86_64::*;
+    let (h, wa) = (geo.h, geo.wa);
+    let (ow, kh, kw, s) = (wa.output, h.kernel, wa.kernel, wa.stride);
+    let chan = geo.channel_len();
+    let row_len = s * geo.len;
+    let taps = cg * kh * kw;
+    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB);
+    assert!(rows.end <= h.output && out.len() >= (mg - 1) * plane + (rows.end - rows.start) * ow);
+    let offsets: Vec<usize> = (0..kh).flat_map(|ki| geo.taps.iter().map(move |&(phase, shift)| ki * h.dilation * row_len + phase * geo.len + shift)).collect();
+    for (r, oy) in rows.clone().enumerate() {
+        for blk in 0..mg.div_ceil(DIRECT_MB) {
+            let wblk = &packed[blk * taps * DIRECT_MB..(blk + 1) * taps * DIRECT_MB];
+            for x0 in (0..ow).step_by(NX * LANES) {
+                let mut acc = [[_mm512_setzero_ps(); DIRECT_MB]; NX];
+                for c in 0..cg {
+                    let row0 = c * chan + oy * h.stride * row_len + x0;
+                    let wc = &wblk[c * kh * kw * DIRECT_MB..(c + 1) * kh * kw * DIRECT_MB];
+                    for (t, &off) in offsets.iter().enumerate() {
+                        // SAFETY: `Padded` sizes rows for every chunk of the rounded-up
+                        // output width plus the largest tap shift, and every row this
+                        // reads is below `rows` rows of channel `c` (asserted above).
+                        let p = unsafe { padded.as_ptr().add(row0 + off) };
+                        let mut x = [_mm512_setzero_ps(); NX];
+                        for (i, v) in x.iter_mut().enumerate() {
+                            // SAFETY: see above.
+                            *v = unsafe { _mm512_loadu_ps(p.add(i * LANES)) };
+                        }
+                        let w = &wc[t * DIRECT_MB..(t + 1) * DIRECT_MB];
+                        for m in 0..DIRECT_MB {
+                            let wv = _mm512_set1_ps(w[m]);
+                            for i in 0..NX {
+                                acc[i][m] = _mm512_fmadd_ps(x[i], wv, acc[i][m]);
+                            }
+                        }
+                    }
+                }
+                for m in 0..DIRECT_MB.min(mg - blk * DIRECT_MB) {
+                    let ch = blk * DIRECT_MB + m;
+                    for (i, a) in acc.iter().enumerate() {
+                        let first = x0 + i * LANES;
+                        if first >= ow {
+                            break;
+                        }
+                        let n = (ow - first).min(LANES);
+                        let mask: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
+                        // SAFETY: the mask keeps the store to the `n` columns left in this
+                        // row of channel `ch`, inside `out` (asserted above).
+                        unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(ch * plane + r * ow + first), mask, a[m]) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A convolution's kernel state: attributes and constant weights converted once.
+pub(crate) struct Conv {
     window: Window,
     group: usize,
     /// Constant weight, converted once.
     weight: Option<(Vec<f32>, Vec<usize>)>,
+    /// Constant bias, converted once.
     bias: Option<Vec<f32>>,
 }
 
-impl Kernel for Conv {
-    fn run(&self, ins: &[Option<&Tensor>], _: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
+impl Conv {
+    /// Runs the convolution and then `epilogue` (input 0 is the convolution's output, the
+    /// other inputs are given as tensors) on each output block while it is in cache.
+    /// `Ok(None)` when this path does not apply (an input is not f32, or the program does
+    /// not bind to the shapes): the caller then runs the ops one by one.
+    pub(crate) fn run_fused(&self, ins: &[Option<&Tensor>], epilogue: &Program, extras: &[&Tensor]) -> RuntimeResult<Option<Tensor>> {
+        let x = input(ins, 0)?;
+        if x.dtype() != DType::F32 || extras.iter().any(|t| t.dtype() != DType::F32) {
+            return Ok(None);
+        }
+        if epilogue.insts.is_empty() {
+            return self.compute(ins, None);
+        }
+        let views: Vec<(&[f32], &[usize])> = extras.iter().map(|t| (t.as_slice::<f32>().unwrap(), t.shape())).collect();
+        self.compute(ins, Some((epilogue, &views)))
+    }
+
+    /// Output channels and rank of the constant weight, if the weight is constant.
+    pub(crate) fn weight_shape(&self) -> Option<&[usize]> {
+        self.weight.as_ref().map(|w| w.1.as_slice())
+    }
+
+    /// Folds `y * scale[m] + shift[m]` (per output channel, applied to this convolution's
+    /// output including its bias) into the weight and bias. Needs a constant weight with
+    /// `scale.len()` output channels; `shift` has as many values.
+    pub(crate) fn fold_affine(&mut self, scale: &[f32], shift: &[f32]) {
+        let Some((w, shape)) = &mut self.weight else { return };
+        let m = shape[0];
+        assert!(scale.len() == m && shift.len() == m, "one scale and shift per output channel");
+        let per = w.len() / m.max(1);
+        for (row, &s) in w.chunks_mut(per.max(1)).zip(scale) {
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        let bias = self.bias.get_or_insert_with(|| vec![0.0; m]);
+        for ((b, &s), &t) in bias.iter_mut().zip(scale).zip(shift) {
+            *b = *b * s + t;
+        }
+    }
+
+    /// The convolution of `ins` with its bias and an optional epilogue; `None` when the
+    /// epilogue does not bind.
+    fn compute(&self, ins: &[Option<&Tensor>], epilogue: Epilogue) -> RuntimeResult<Option<Tensor>> {
         let x = input(ins, 0)?;
         let owned_w;
         let (w, wshape): (&[f32], &[usize]) = match &self.weight {
@@ -200,13 +494,25 @@ impl Kernel for Conv {
             (None, None) => None,
         };
         let xv = to_f32(x)?;
-        let (out, shape) = conv2d(&xv, x.shape(), w, wshape, bias, &self.window, self.group)?;
-        Ok(vec![from_f32(x.dtype(), &shape, out)?])
+        Ok(match conv2d_with(&xv, x.shape(), w, wshape, bias, &self.window, self.group, epilogue)? {
+            Some((out, shape)) => Some(from_f32(x.dtype(), &shape, out)?),
+            None => None,
+        })
     }
 }
 
-/// NC(H)W convolution. 1-D inputs are treated as height 1.
-pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Option<&[f32]>, window: &Window, group: usize) -> RuntimeResult<(Vec<f32>, Vec<usize>)> {
+impl Kernel for Conv {
+    fn run(&self, ins: &[Option<&Tensor>], _: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
+        Ok(vec![self.compute(ins, None)?.expect("a convolution without epilogue always runs")])
+    }
+}
+
+/// NC(H)W convolution (1-D inputs are treated as height 1) with an optional bias, followed
+/// by an optional epilogue program (input 0: the convolution's output; then the given
+/// inputs, as data and shape) applied to each output block while it is in cache.
+/// `Ok(None)` when the program does not bind to the output shape.
+#[allow(clippy::too_many_arguments)]
+fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Option<&[f32]>, window: &Window, group: usize, epilogue: Epilogue) -> RuntimeResult<Option<(Vec<f32>, Vec<usize>)>> {
     let one_d = xshape.len() == 3;
     if !(xshape.len() == 4 || one_d) || wshape.len() != xshape.len() {
         return Err(kernel_error(format!("only 1-D and 2-D convolutions are supported (input {xshape:?}, weight {wshape:?})")));
@@ -225,139 +531,351 @@ pub fn conv2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Op
     let axes = win.axes(&[ih, iw], &[kh, kw])?;
     let (h, wa) = (axes[0], axes[1]);
     let (oh, ow) = (h.output, wa.output);
+    let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
+    let bound = match epilogue {
+        Some((prog, extras)) => match prog.bind(&shape, extras) {
+            Some(b) => Some(b),
+            None => return Ok(None),
+        },
+        None => None,
+    };
     let plane = oh * ow;
     let mg = m / group;
     let kdim = cg * kh * kw;
-    // The output starts as the bias (or zero), written once, and the products accumulate onto it.
-    let mut out: Vec<f32> = match bias {
-        Some(bias) => {
-            let mut out = Vec::with_capacity(n * m * plane);
-            for row in 0..n * m {
-                out.extend(std::iter::repeat_n(bias[row % m], plane));
-            }
-            out
-        }
-        None => vec![0f32; n * m * plane],
-    };
+    let fin = Finish { bias, channels: m, plane, epilogue: bound.as_ref() };
+    let mut out = uninit_f32(n * m * plane);
     let pointwise = kh == 1 && kw == 1 && h.stride == 1 && wa.stride == 1 && h.pad_begin + h.pad_end + wa.pad_begin + wa.pad_end == 0;
     let depthwise = cg == 1 && mg == 1;
     for b in 0..n {
         let img = &x[b * c * ih * iw..(b + 1) * c * ih * iw];
         let dst = &mut out[b * m * plane..(b + 1) * m * plane];
         if depthwise {
-            depthwise_conv(img, w, h, wa, dst);
+            depthwise_conv(img, w, h, wa, dst, b * m * plane, fin);
         } else {
             for g in 0..group {
                 let src = &img[g * cg * ih * iw..(g + 1) * cg * ih * iw];
                 let wg = &w[g * mg * kdim..(g + 1) * mg * kdim];
                 let out = &mut dst[g * mg * plane..(g + 1) * mg * plane];
-                if pointwise {
-                    sgemm(mg, plane, kdim, MatRef::rows(wg, kdim), MatRef::rows(src, plane), out, true);
+                let base = (b * m + g * mg) * plane;
+                if kdim == 0 {
+                    out.fill(0.0);
+                    fin.apply(out, base, &mut Scratch::new());
+                } else if pointwise {
+                    conv_pointwise(src, kdim, plane, wg, mg, out, base, fin);
+                } else if wa.output >= LANES && direct_conv_applies() {
+                    conv_direct(src, cg, h, wa, wg, mg, out, base, fin);
                 } else {
-                    conv_tiled(src, cg, h, wa, wg, mg, out);
+                    conv_tiled(src, cg, h, wa, wg, mg, out, base, fin);
                 }
             }
         }
     }
-    let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
-    Ok((out, shape))
+    Ok(Some((out, shape)))
 }
 
-/// One filter per channel, added to `dst`: a direct sliding window, channels in parallel. Each
-/// output row accumulates all its taps while it is in cache. With a column stride `s > 1`, each
-/// input row is first split into its `s` phases (columns `p, p + s, ...`), so every tap reads a
-/// contiguous run and the multiply-add vectorizes; on CPUs with AVX2 the channel loop is
-/// compiled for it (eight lanes instead of four).
-fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32]) {
+/// One filter per channel, written to `dst` (whose first element is output element `base`)
+/// and finished in groups of rows; channels run in parallel. Each channel's input is first
+/// copied into a zero-padded buffer with its columns split by phase modulo the column
+/// stride ([`Padded`]), so every tap of every output column reads inside the buffer at a
+/// fixed offset; output rows are then computed a few 16-column chunks at a time with the
+/// sums held in registers across all taps.
+fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32], base: usize, fin: Finish) {
     let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
-    let s = wa.stride;
-    let phase_len = iw.div_ceil(s);
-    let taps: Vec<Tap> = (0..kw).map(|kj| {
-        let dx = (kj * wa.dilation) as isize - wa.pad_begin as isize;
-        let (lo, hi) = wa.valid_outputs(dx);
-        Tap { lo, hi, phase: dx.rem_euclid(s as isize) as usize, base: dx.div_euclid(s as isize) }
-    }).collect();
-    let geometry = Depthwise { h, wa, phase_len, taps };
+    let plane = h.output * wa.output;
+    if plane == 0 {
+        return;
+    }
+    let geo = Padded::new(h, wa);
+    // The accumulators start at the bias, so rows are finished without it.
+    let rest = Finish { bias: None, ..fin };
     #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
-    dst.par_chunks_mut(h.output * wa.output).enumerate().for_each_init(Vec::new, |phases: &mut Vec<f32>, (ch, out)| {
+    let (avx512, avx2) = (std::arch::is_x86_feature_detected!("avx512f"), std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"));
+    dst.par_chunks_mut(plane).enumerate().for_each_init(|| (Vec::new(), Scratch::new()), |(buf, scratch): &mut (Vec<f32>, Scratch), (ch, out)| {
         let src = &img[ch * ih * iw..(ch + 1) * ih * iw];
         let k = &w[ch * kh * kw..(ch + 1) * kh * kw];
-        phases.resize(s * phase_len, 0.0);
+        buf.resize(geo.channel_len(), 0.0);
         #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: the CPU supports AVX2, detected above.
-            return unsafe { depthwise_channel_avx2(&geometry, src, k, out, phases) };
+        if avx512 {
+            // SAFETY: the CPU supports AVX-512F, detected above.
+            unsafe { geo.fill_into_avx512(src, buf) };
+        } else {
+            geo.fill_into(src, buf);
         }
-        depthwise_channel(&geometry, src, k, out, phases)
+        #[cfg(not(target_arch = "x86_64"))]
+        geo.fill_into(src, buf);
+        let at = base + ch * plane;
+        let b = fin.bias.map_or(0.0, |b| b[(at / plane) % fin.channels]);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx512 {
+                // SAFETY: the CPU supports AVX-512F (which implies FMA), detected above.
+                return unsafe { depthwise_channel_avx512(&geo, buf, k, b, out, at, rest, scratch) };
+            }
+            if avx2 {
+                // SAFETY: the CPU supports AVX2 and FMA, detected above.
+                return unsafe { depthwise_channel_avx2(&geo, buf, k, b, out, at, rest, scratch) };
+            }
+        }
+        depthwise_channel::<false>(&geo, buf, k, b, out, at, rest, scratch)
     });
 }
 
-/// One kernel column of a depthwise window: the output columns `[lo, hi)` it reaches inside
-/// the input, and where it reads them: input column `s * ox + s * base + phase`.
-struct Tap {
-    lo: usize,
-    hi: usize,
-    phase: usize,
-    base: isize,
-}
+/// Lanes of one column chunk of the depthwise kernel.
+const LANES: usize = 16;
 
-/// The window of a depthwise convolution, prepared once for all channels.
-struct Depthwise {
+/// A depthwise window over a zero-padded, phase-split copy of one input channel: padded row
+/// `r` (input row `r - pad_top`) holds, for each phase `p < stride`, `len` values at padded
+/// columns `p, p + stride, ...` (input column minus the left padding). Output `(oy, ox)` of
+/// tap `(ki, kj)` reads padded row `oy * stride_h + ki * dilation_h`, phase
+/// `taps[kj].0`, position `ox + taps[kj].1`.
+struct Padded {
     h: Axis,
     wa: Axis,
-    phase_len: usize,
-    taps: Vec<Tap>,
+    rows: usize,
+    len: usize,
+    /// Column chunks computed together (1, 2 or 4 of [`LANES`]).
+    chunks: usize,
+    taps: Vec<(usize, usize)>,
 }
 
-/// [`depthwise_channel`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn depthwise_channel_avx2(d: &Depthwise, src: &[f32], k: &[f32], out: &mut [f32], phases: &mut [f32]) {
-    depthwise_channel(d, src, k, out, phases)
-}
+impl Padded {
+    /// The layout for a window.
+    fn new(h: Axis, wa: Axis) -> Padded {
+        let chunks = match wa.output.div_ceil(LANES) {
+            0 | 1 => 1,
+            2 => 2,
+            _ => 4,
+        };
+        Self::with_chunks(h, wa, chunks)
+    }
 
-/// Adds one channel's window sums to `out` (`phases`: scratch of `stride * phase_len`).
-#[inline(always)]
-fn depthwise_channel(d: &Depthwise, src: &[f32], k: &[f32], out: &mut [f32], phases: &mut [f32]) {
-    let (h, wa) = (d.h, d.wa);
-    let (ih, iw, kh, kw, s) = (h.input, wa.input, h.kernel, wa.kernel, wa.stride);
-    let ow = wa.output;
-    for oy in 0..h.output {
-        let o = &mut out[oy * ow..(oy + 1) * ow];
-        for ki in 0..kh {
-            let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-            if iy < 0 || iy >= ih as isize {
+    /// The layout for a window whose rows are computed `chunks` chunks of [`LANES`]
+    /// columns at a time.
+    fn with_chunks(h: Axis, wa: Axis, chunks: usize) -> Padded {
+        let s = wa.stride;
+        let taps: Vec<(usize, usize)> = (0..wa.kernel).map(|kj| ((kj * wa.dilation) % s, (kj * wa.dilation) / s)).collect();
+        let span = chunks * LANES;
+        let width = wa.output.div_ceil(span) * span;
+        let len = width + taps.iter().map(|t| t.1).max().unwrap_or(0);
+        let rows = (h.output - 1) * h.stride + (h.kernel - 1) * h.dilation + 1;
+        Padded { h, wa, rows, len, chunks, taps }
+    }
+
+    /// Values one channel takes in this layout.
+    fn channel_len(&self) -> usize {
+        self.rows * self.wa.stride * self.len
+    }
+
+    /// [`Padded::fill_into`] compiled for AVX-512F.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fill_into_avx512(&self, src: &[f32], buf: &mut [f32]) {
+        self.fill_into(src, buf)
+    }
+
+    /// Copies one input channel into `buf` (of [`Padded::channel_len`] values).
+    #[inline(always)]
+    fn fill_into(&self, src: &[f32], buf: &mut [f32]) {
+        let (s, iw, pb) = (self.wa.stride, self.wa.input, self.wa.pad_begin);
+        let row_len = s * self.len;
+        // Per phase: the positions [lo, hi) that hold input columns, from column `first`
+        // (position j holds input column j * s + p - pb).
+        let spans: Vec<(usize, usize, usize)> = (0..s).map(|p| {
+            let lo = pb.saturating_sub(p).div_ceil(s).min(self.len);
+            let hi = ((iw + pb).saturating_sub(p)).div_ceil(s).clamp(lo, self.len);
+            (lo, hi, (lo * s + p).saturating_sub(pb))
+        }).collect();
+        let deinterleave = s == 2 && self.len >= (iw + pb).div_ceil(2);
+        for (r, dst) in buf.chunks_mut(row_len).enumerate() {
+            let iy = r as isize - self.h.pad_begin as isize;
+            if iy < 0 || iy >= self.h.input as isize {
+                dst.fill(0.0);
                 continue;
             }
             let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
-            let read: &[f32] = if s == 1 {
-                row
-            } else {
-                for (p, phase) in phases.chunks_mut(d.phase_len).enumerate() {
-                    for (dst, &v) in phase.iter_mut().zip(row[p.min(iw)..].iter().step_by(s)) {
-                        *dst = v;
+            if deinterleave {
+                // Input column q goes to phase (q + pb) % 2 at position (q + pb) / 2.
+                let (even, odd) = dst.split_at_mut(self.len);
+                let (first, second) = if pb % 2 == 0 { (even, odd) } else { (odd, even) };
+                let (f0, s0) = (pb / 2, pb.div_ceil(2));
+                first[..f0].fill(0.0);
+                second[..s0].fill(0.0);
+                let pairs = iw / 2;
+                for (k, pair) in row.chunks_exact(2).enumerate() {
+                    first[f0 + k] = pair[0];
+                    second[s0 + k] = pair[1];
+                }
+                let (mut fe, se) = (f0 + pairs, s0 + pairs);
+                if iw % 2 == 1 {
+                    first[fe] = row[iw - 1];
+                    fe += 1;
+                }
+                first[fe..].fill(0.0);
+                second[se..].fill(0.0);
+                continue;
+            }
+            for (phase, &(lo, hi, first)) in dst.chunks_mut(self.len).zip(&spans) {
+                for v in &mut phase[..lo] {
+                    *v = 0.0;
+                }
+                if hi > lo {
+                    for (d, v) in phase[lo..hi].iter_mut().zip(row[first..].iter().step_by(s)) {
+                        *d = *v;
                     }
                 }
-                phases
-            };
-            for (kj, t) in d.taps.iter().enumerate() {
-                let wt = k[ki * kw + kj];
-                let start = ((t.phase * d.phase_len) as isize + t.lo as isize + t.base) as usize;
-                for (acc, v) in o[t.lo..t.hi].iter_mut().zip(&read[start..start + (t.hi - t.lo)]) {
-                    *acc += wt * v;
+                for v in &mut phase[hi..] {
+                    *v = 0.0;
                 }
             }
         }
     }
 }
 
-fn conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+/// [`depthwise_channel`] with AVX-512F intrinsics: each chunk of 16 output columns is one
+/// register, multiply-adds are fused, the last chunk of a row is stored masked. Narrow rows
+/// are computed several at a time, so independent sums hide the multiply-add latency.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_channel_avx512(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+    match d.chunks {
+        1 => depthwise_rows_avx512::<1, 4>(d, buf, k, bias, out, at, fin, scratch),
+        2 => depthwise_rows_avx512::<2, 2>(d, buf, k, bias, out, at, fin, scratch),
+        _ => depthwise_rows_avx512::<4, 1>(d, buf, k, bias, out, at, fin, scratch),
+    }
+}
+
+/// [`depthwise_channel_avx512`] with `C` chunks of [`LANES`] columns of `R` rows per step.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+    use std::arch::x86_64::*;
+    let (h, wa) = (d.h, d.wa);
+    let (oh, ow, kw, s) = (h.output, wa.output, wa.kernel, wa.stride);
+    let row_len = s * d.len;
+    assert!(buf.len() >= d.rows * row_len && k.len() >= h.kernel * kw && out.len() >= oh * ow);
+    let offsets: Vec<(usize, f32)> = (0..h.kernel).flat_map(|ki| d.taps.iter().enumerate().map(move |(kj, &(phase, shift))| (ki * h.dilation * row_len + phase * d.len + shift, k[ki * kw + kj]))).collect();
+    let rows_per_finish = 512usize.div_ceil(ow).next_multiple_of(R);
+    let mut unfinished = 0;
+    for oy0 in (0..oh).step_by(R) {
+        // Rows past the last are computed from clamped rows and not stored.
+        let rows: [usize; R] = std::array::from_fn(|r| (oy0 + r).min(oh - 1));
+        for x0 in (0..ow).step_by(C * LANES) {
+            let mut acc = [[_mm512_set1_ps(bias); C]; R];
+            for &(off, wt) in &offsets {
+                let wv = _mm512_set1_ps(wt);
+                for (r, row_acc) in acc.iter_mut().enumerate() {
+                    let start = rows[r] * h.stride * row_len + off + x0;
+                    // SAFETY: `Padded::new` sizes each phase row to hold every chunk of the
+                    // rounded-up output width plus the largest tap shift, and `buf` holds
+                    // `rows` rows (asserted above), so all `C * LANES` values are inside.
+                    let src = unsafe { buf.as_ptr().add(start) };
+                    for (c, a) in row_acc.iter_mut().enumerate() {
+                        // SAFETY: see above; unaligned loads are allowed.
+                        *a = _mm512_fmadd_ps(wv, unsafe { _mm512_loadu_ps(src.add(c * LANES)) }, *a);
+                    }
+                }
+            }
+            for (r, row_acc) in acc.iter().enumerate() {
+                if oy0 + r >= oh {
+                    break;
+                }
+                let dst = (oy0 + r) * ow + x0;
+                for (c, a) in row_acc.iter().enumerate() {
+                    let first = x0 + c * LANES;
+                    if first >= ow {
+                        break;
+                    }
+                    let n = (ow - first).min(LANES);
+                    let mask: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
+                    // SAFETY: the mask keeps the store to the `n` columns left in this output
+                    // row, inside `out` (asserted above).
+                    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(dst + c * LANES), mask, *a) };
+                }
+            }
+        }
+        let done = (oy0 + R).min(oh);
+        if done - unfinished >= rows_per_finish || done == oh {
+            fin.apply(&mut out[unfinished * ow..done * ow], at + unfinished * ow, scratch);
+            unfinished = done;
+        }
+    }
+}
+
+/// [`depthwise_channel`] compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_channel_avx2(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+    depthwise_channel::<true>(d, buf, k, bias, out, at, fin, scratch)
+}
+
+/// Writes one channel's window sums to `out` (output element `at` onward) from its padded
+/// copy `buf`, finishing rows in groups of at least 512 elements. `FMA`: multiply-adds
+/// are fused (only where the CPU has FMA).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn depthwise_channel<const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+    match d.chunks {
+        1 => depthwise_rows::<1, FMA>(d, buf, k, bias, out, at, fin, scratch),
+        2 => depthwise_rows::<2, FMA>(d, buf, k, bias, out, at, fin, scratch),
+        _ => depthwise_rows::<4, FMA>(d, buf, k, bias, out, at, fin, scratch),
+    }
+}
+
+/// [`depthwise_channel`] with `C` chunks of [`LANES`] columns computed together.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+    let (h, wa) = (d.h, d.wa);
+    let (ow, kw, s) = (wa.output, wa.kernel, wa.stride);
+    let row_len = s * d.len;
+    let rows_per_finish = 512usize.div_ceil(ow);
+    let mut unfinished = 0;
+    for oy in 0..h.output {
+        let o = &mut out[oy * ow..(oy + 1) * ow];
+        for x0 in (0..ow).step_by(C * LANES) {
+            let mut acc = [[bias; LANES]; C];
+            for ki in 0..h.kernel {
+                let row = &buf[(oy * h.stride + ki * h.dilation) * row_len..][..row_len];
+                for (kj, &(phase, shift)) in d.taps.iter().enumerate() {
+                    let wt = k[ki * kw + kj];
+                    let src = &row[phase * d.len + x0 + shift..][..C * LANES];
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        for (l, v) in a.iter_mut().enumerate() {
+                            let x = src[c * LANES + l];
+                            *v = if FMA { wt.mul_add(x, *v) } else { *v + wt * x };
+                        }
+                    }
+                }
+            }
+            let n = (ow - x0).min(C * LANES);
+            for (o, v) in o[x0..x0 + n].iter_mut().zip(acc.iter().flatten()) {
+                *o = *v;
+            }
+        }
+        if oy + 1 - unfinished == rows_per_finish || oy + 1 == h.output {
+            fin.apply(&mut out[unfinished * ow..(oy + 1) * ow], at + unfinished * ow, scratch);
+            unfinished = oy + 1;
+        }
+    }
+}
+
+/// Plans a Conv node: reads its attributes and converts constant weight and bias once.
+pub(crate) fn build_conv(info: &NodeInfo) -> RuntimeResult<Conv> {
     let window = Window::from_node(info)?;
     let group = info.attr_int("group", 1).max(0) as usize;
     let weight = info.const_input(1).map(|t| to_f32(t).map(|v| (v.into_owned(), t.shape().to_vec()))).transpose()?;
     let bias = info.const_input(2).map(|t| to_f32(t).map(|v| v.into_owned())).transpose()?;
-    Ok(Box::new(Conv { window, group, weight, bias }))
+    Ok(Conv { window, group, weight, bias })
+}
+
+fn conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    Ok(Box::new(build_conv(info)?))
 }
 
 fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -406,7 +924,7 @@ fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let (xv, wv) = (to_f32(x)?, to_f32(wt)?);
         let kdim = mg * kh * kw;
         let mut out = vec![0f32; n * m * oh * ow];
-        let mut col = vec![0f32; kdim * ih * iw];
+        let mut col = uninit_f32(kdim * ih * iw);
         for b in 0..n {
             for g in 0..group {
                 let src = &xv[(b * c + g * cg) * ih * iw..(b * c + (g + 1) * cg) * ih * iw];
@@ -418,16 +936,22 @@ fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                     for ki in 0..kh {
                         for kj in 0..kw {
                             let row = &col[((oc * kh + ki) * kw + kj) * ih * iw..((oc * kh + ki) * kw + kj + 1) * ih * iw];
+                            // Input columns whose output column lies inside: ox = x * sw + off.
+                            let off = (kj * dw) as isize - pw as isize;
+                            let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(sw) };
+                            let hi = if off >= ow as isize { 0 } else { ((ow as isize - off - 1) as usize / sw + 1).min(iw) };
+                            if lo >= hi {
+                                continue;
+                            }
                             for y in 0..ih {
                                 let oy = (y * sh + ki * dh) as isize - ph as isize;
                                 if oy < 0 || oy >= oh as isize {
                                     continue;
                                 }
-                                for xx in 0..iw {
-                                    let ox = (xx * sw + kj * dw) as isize - pw as isize;
-                                    if ox >= 0 && ox < ow as isize {
-                                        plane[oy as usize * ow + ox as usize] += row[y * iw + xx];
-                                    }
+                                let start = (oy as usize * ow) as isize + lo as isize * sw as isize + off;
+                                let out_row = &mut plane[start as usize..];
+                                for (o, v) in out_row.iter_mut().step_by(sw).zip(&row[y * iw + lo..y * iw + hi]) {
+                                    *o += v;
                                 }
                             }
                         }
@@ -441,4 +965,77 @@ fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         Ok(vec![from_f32(x.dtype(), &[n, m, oh, ow], out)?])
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A direct, unoptimized NCHW convolution with explicit pads.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(x: &[f32], xs: [usize; 4], w: &[f32], ws: [usize; 4], b: &[f32], stride: [usize; 2], dil: [usize; 2], pads: [usize; 4], group: usize) -> (Vec<f32>, [usize; 4]) {
+        let [n, c, ih, iw] = xs;
+        let [m, cg, kh, kw] = ws;
+        let oh = (ih + pads[0] + pads[2] - (kh - 1) * dil[0] - 1) / stride[0] + 1;
+        let ow = (iw + pads[1] + pads[3] - (kw - 1) * dil[1] - 1) / stride[1] + 1;
+        let mg = m / group;
+        let mut out = vec![0f32; n * m * oh * ow];
+        for b0 in 0..n {
+            for o in 0..m {
+                let g = o / mg;
+                for y in 0..oh {
+                    for xx in 0..ow {
+                        let mut acc = b[o] as f64;
+                        for ci in 0..cg {
+                            for ki in 0..kh {
+                                for kj in 0..kw {
+                                    let iy = (y * stride[0] + ki * dil[0]) as isize - pads[0] as isize;
+                                    let ix = (xx * stride[1] + kj * dil[1]) as isize - pads[1] as isize;
+                                    if iy >= 0 && ix >= 0 && (iy as usize) < ih && (ix as usize) < iw {
+                                        let xi = ((b0 * c + g * cg + ci) * ih + iy as usize) * iw + ix as usize;
+                                        acc += x[xi] as f64 * w[((o * cg + ci) * kh + ki) * kw + kj] as f64;
+                                    }
+                                }
+                            }
+                        }
+                        out[((b0 * m + o) * oh + y) * ow + xx] = acc as f32;
+                    }
+                }
+            }
+        }
+        (out, [n, m, oh, ow])
+    }
+
+    /// Input shape, weight shape, strides, dilations, pads and group of one test case.
+    type Case = ([usize; 4], [usize; 4], [usize; 2], [usize; 2], [usize; 4], usize);
+
+    #[test]
+    fn every_path_matches_the_naive_convolution() {
+        // Depthwise, dense 3x3 and 5x5, pointwise, strided, dilated, grouped, asymmetric
+        // padding, odd widths, outputs narrower than a vector.
+        let cases: &[Case] = &[
+            ([1, 4, 9, 13], [4, 1, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 4),
+            ([2, 6, 11, 7], [6, 1, 5, 5], [2, 2], [1, 1], [2, 2, 2, 2], 6),
+            ([1, 3, 10, 17], [3, 1, 3, 3], [1, 2], [2, 1], [1, 0, 2, 1], 3),
+            ([1, 3, 15, 21], [10, 3, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 1),
+            ([2, 5, 8, 40], [17, 5, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ([1, 4, 6, 6], [8, 2, 3, 2], [1, 3], [2, 1], [0, 1, 2, 0], 2),
+            ([1, 8, 5, 37], [12, 8, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([1, 6, 4, 3], [6, 6, 1, 1], [2, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([1, 5, 40, 70], [7, 5, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 1),
+            ([1, 3, 30, 37], [6, 3, 3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 1),
+        ];
+        for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
+            let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();
+            let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
+            let window = Window { kernel: None, strides: Some(stride.to_vec()), dilations: Some(dil.to_vec()), pads: Some(pads.to_vec()), auto_pad: "NOTSET".into(), ceil_mode: false };
+            let (want, wshape) = naive(&x, xs, &w, ws, &b, stride, dil, [pads[0], pads[1], pads[2], pads[3]], group);
+            let (got, shape) = conv2d_with(&x, &xs, &w, &ws, Some(&b), &window, group, None).unwrap().unwrap();
+            assert_eq!(shape, wshape.to_vec(), "case {k}");
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, element {i}: {g} vs {e}");
+            }
+        }
+    }
 }

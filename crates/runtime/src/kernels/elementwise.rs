@@ -62,7 +62,8 @@ pub fn from_f32(dtype: DType, shape: &[usize], v: Vec<f32>) -> RuntimeResult<Ten
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
+/// The logistic function, as the Sigmoid kernel computes it.
+pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
@@ -102,7 +103,7 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             let (a, b) = (alpha(0.2), info.attr_float("beta", 0.5));
             unary(move |x: f32| (a * x + b).clamp(0.0, 1.0))
         }
-        "HardSwish" => unary(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+        "HardSwish" => unary(|x: f32| super::fused::Unary::HardSwish.apply(x)),
         "LeakyRelu" => {
             let a = alpha(0.01);
             unary(move |x: f32| if x < 0.0 { a * x } else { x })

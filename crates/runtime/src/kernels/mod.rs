@@ -2,18 +2,21 @@
 //! its ops, one registry line each.
 
 mod control;
-mod conv;
+pub(crate) mod conv;
 mod elementwise;
+pub(crate) mod fused;
 mod gemm;
 mod matmul;
 mod norm;
 mod pool;
+mod qlinear;
+mod qlinear_ms;
 mod quantize;
 mod reduce;
 mod resize;
 mod rnn;
 mod shape;
-mod util;
+pub(crate) mod util;
 
 /// Registers every built-in kernel.
 pub fn register_all(r: &mut crate::Registry) {
@@ -23,6 +26,8 @@ pub fn register_all(r: &mut crate::Registry) {
     matmul::register(r);
     norm::register(r);
     pool::register(r);
+    qlinear::register(r);
+    qlinear_ms::register(r);
     quantize::register(r);
     reduce::register(r);
     resize::register(r);

@@ -24,6 +24,19 @@ where
     Ok(Box::new(FnKernel(f)))
 }
 
+/// A vector of `len` f32 whose contents are unspecified, for outputs a kernel writes
+/// completely: callers must write every element before reading any, and never hand it out
+/// before then.
+#[allow(clippy::uninit_vec)]
+pub fn uninit_f32(len: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: the capacity is `len`; every f32 bit pattern is a valid value, and callers
+    // write each element before it is read (see above), which spares a zero-filling pass
+    // over memory the kernel overwrites anyway.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// Input `i`, which must be present.
 pub fn input<'a>(ins: &[Option<&'a Tensor>], i: usize) -> RuntimeResult<&'a Tensor> {
     ins.get(i).copied().flatten().ok_or_else(|| kernel_error(format!("input {i} is required")))

@@ -1,0 +1,616 @@
+//! ONNX Runtime's `com.microsoft` quantized elementwise, activation, pooling and concat
+//! operators, and ONNX `DynamicQuantizeLinear`, bit-exact with ONNX Runtime's CPU kernels on
+//! x86-64 with AVX2/FMA (the kernels MLAS dispatches there):
+//!
+//! * `QLinearAdd`: `c = sat(rne(a·ra + (b·rb + (zc - (za·ra + zb·rb)))))` with `r = s / sc`,
+//!   the products and sums as the fused multiply-adds of MLAS's AVX2 kernel (whose operand
+//!   order depends on which input is broadcast).
+//! * `QLinearMul`: `c = sat(rne(f32((a - za)(b - zb))·(sa·sb/sc) + zc))`, the product exact in
+//!   integers (MLAS's SSE2 kernel).
+//! * `QLinearSigmoid`, `QLinearLeakyRelu`: a 256-entry table built in f32 (dequantize, the
+//!   function, `QuantizeLinear`); Sigmoid is MLAS's rational logistic approximation with FMA.
+//! * `QLinearGlobalAveragePool` (and `QLinearAveragePool` when the window covers the whole
+//!   image): int32 sums, requantized by `f32(sum - zx·n)·(sx / (sy·n))`.
+//! * `QLinearAveragePool`: dequantized f32 sums over the window, divided by the count,
+//!   `rne(y / sy + zy)`.
+//! * `QLinearConcat`: each input copied when its qparams equal the output's, else mapped by a
+//!   256-entry requantization table.
+//! * `DynamicQuantizeLinear`: uint8 with `scale = (max(0, xmax) - min(0, xmin)) / 255` (1 when
+//!   the range is empty) and `zp = rne(clamp(-xmin / scale, 0, 255))`, as ONNX Runtime computes
+//!   them.
+//!
+//! `rne` is round to nearest even; where the hardware conversion would overflow int32 (or see
+//! NaN) the result is the integer minimum, then saturated, as `cvtps2dq` gives in MLAS. Element
+//! types are uint8 and int8; every scale and zero point is a scalar or a one-element 1-D
+//! tensor. Errors name the input and never panic.
+
+use qforge_ir::{DType, Tensor, MS_DOMAIN};
+
+use super::conv::Window;
+use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+
+/// Registers the `com.microsoft` QLinear operators of this file and `DynamicQuantizeLinear`.
+pub fn register(r: &mut Registry) {
+    r.add(MS_DOMAIN, "QLinearAdd", 1, LATEST, qlinear_binary);
+    r.add(MS_DOMAIN, "QLinearMul", 1, LATEST, qlinear_binary);
+    r.add(MS_DOMAIN, "QLinearSigmoid", 1, LATEST, qlinear_lookup);
+    r.add(MS_DOMAIN, "QLinearLeakyRelu", 1, LATEST, qlinear_lookup);
+    r.add(MS_DOMAIN, "QLinearGlobalAveragePool", 1, LATEST, qlinear_global_average_pool);
+    r.add(MS_DOMAIN, "QLinearAveragePool", 1, LATEST, qlinear_average_pool);
+    r.add(MS_DOMAIN, "QLinearConcat", 1, LATEST, qlinear_concat);
+    r.add("", "DynamicQuantizeLinear", 11, LATEST, dynamic_quantize_linear);
+}
+
+/// An 8-bit quantized element type.
+trait Q8: Copy + Default + Send + Sync + qforge_ir::Elem + 'static {
+    const MIN: i32;
+    const MAX: i32;
+    fn get(self) -> i32;
+    /// `v` must be in `MIN..=MAX`.
+    fn put(v: i32) -> Self;
+    /// The element whose byte is `b` (how ONNX Runtime indexes its tables).
+    fn from_byte(b: u8) -> Self;
+    fn byte(self) -> u8;
+}
+
+impl Q8 for u8 {
+    const MIN: i32 = 0;
+    const MAX: i32 = 255;
+    #[inline(always)]
+    fn get(self) -> i32 {
+        self as i32
+    }
+    #[inline(always)]
+    fn put(v: i32) -> Self {
+        v as u8
+    }
+    fn from_byte(b: u8) -> Self {
+        b
+    }
+    #[inline(always)]
+    fn byte(self) -> u8 {
+        self
+    }
+}
+
+impl Q8 for i8 {
+    const MIN: i32 = -128;
+    const MAX: i32 = 127;
+    #[inline(always)]
+    fn get(self) -> i32 {
+        self as i32
+    }
+    #[inline(always)]
+    fn put(v: i32) -> Self {
+        v as i8
+    }
+    fn from_byte(b: u8) -> Self {
+        b as i8
+    }
+    #[inline(always)]
+    fn byte(self) -> u8 {
+        self as u8
+    }
+}
+
+/// `cvtps2dq` in the default rounding mode: round to nearest even, and the integer minimum for
+/// NaN and values outside the int32 range.
+#[inline(always)]
+fn cvt(v: f32) -> i32 {
+    if !(-2_147_483_648.0..2_147_483_648.0).contains(&v) {
+        // NaN is outside every range too.
+        i32::MIN
+    } else {
+        let r = v.round_ties_even();
+        r as i32
+    }
+}
+
+/// The value of a scale input: a float32 scalar or one-element 1-D tensor.
+fn scale_of(t: &Tensor, what: &str) -> RuntimeResult<f32> {
+    if t.dtype() != DType::F32 {
+        return Err(kernel_error(format!("{what} must be float, got {}", t.dtype())));
+    }
+    if t.rank() > 1 || t.len() != 1 {
+        return Err(kernel_error(format!("{what} must be a scalar or a 1-D tensor of one element, got shape {:?}", t.shape())));
+    }
+    Ok(t.as_slice::<f32>().expect("checked f32")[0])
+}
+
+/// The value of an optional zero point input of element type `dtype` (0 when omitted).
+fn zero_point_of(t: Option<&Tensor>, dtype: DType, what: &str) -> RuntimeResult<i32> {
+    let Some(t) = t else { return Ok(0) };
+    if t.dtype() != dtype {
+        return Err(kernel_error(format!("{what} must be {dtype} like the data, got {}", t.dtype())));
+    }
+    if t.rank() > 1 || t.len() != 1 {
+        return Err(kernel_error(format!("{what} must be a scalar or a 1-D tensor of one element, got shape {:?}", t.shape())));
+    }
+    Ok(match dtype {
+        DType::U8 => t.as_slice::<u8>().expect("checked")[0] as i32,
+        DType::I8 => t.as_slice::<i8>().expect("checked")[0] as i32,
+        d => return Err(kernel_error(format!("{what}: {d} is not an 8-bit quantized type"))),
+    })
+}
+
+/// Refuses data that is not uint8 or int8.
+fn check_8bit(t: &Tensor, what: &str) -> RuntimeResult<DType> {
+    match t.dtype() {
+        DType::U8 | DType::I8 => Ok(t.dtype()),
+        d => Err(kernel_error(format!("{what} must be uint8 or int8, got {d}"))),
+    }
+}
+
+/// `QuantizeLinear` of one f32 value as MLAS computes it: `x / s` clamped to
+/// `[qmin - z, qmax - z]` (NaN to the minimum), rounded to nearest even, plus `z`.
+#[inline(always)]
+fn quantize_one<T: Q8>(x: f32, scale: f32, zp: i32) -> T {
+    let (lo, hi) = ((T::MIN - zp) as f32, (T::MAX - zp) as f32);
+    let v = x / scale;
+    let v = if v.is_nan() { lo } else { v.max(lo).min(hi) };
+    T::put((cvt(v) + zp).clamp(T::MIN, T::MAX))
+}
+
+/// The 256-entry table mapping every byte of the input type through
+/// `dequantize -> f -> quantize`, indexed by the input's byte (ONNX Runtime's
+/// `QlinearBuildLookupTable`).
+fn lookup_table<T: Q8>(x_scale: f32, x_zp: i32, y_scale: f32, y_zp: i32, f: impl Fn(f32) -> f32) -> [T; 256] {
+    let mut table = [T::default(); 256];
+    for (b, slot) in table.iter_mut().enumerate() {
+        let x = T::from_byte(b as u8);
+        let deq = x_scale * (x.get() - x_zp) as f32;
+        *slot = quantize_one::<T>(f(deq), y_scale, y_zp);
+    }
+    table
+}
+
+/// Maps every element through a table indexed by its byte.
+fn apply_table<T: Q8>(x: &[T], table: &[T; 256]) -> Vec<T> {
+    x.iter().map(|v| table[v.byte() as usize]).collect()
+}
+
+/// Inputs `(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)` of a binary QLinear op, read
+/// and checked.
+struct BinaryParams {
+    sa: f32,
+    za: i32,
+    sb: f32,
+    zb: i32,
+    sc: f32,
+    zc: i32,
+}
+
+/// Whether `A` (of `a` shape) is broadcast along the innermost output axis longer than 1, or
+/// the output has a single element: ONNX Runtime then runs `A` as the scalar operand of each
+/// span.
+fn a_is_broadcast_innermost(a: &[usize], out: &[usize]) -> bool {
+    match out.iter().rposition(|&d| d > 1) {
+        None => true,
+        Some(k) => {
+            let offset = out.len() - a.len();
+            k < offset || a[k - offset] == 1
+        }
+    }
+}
+
+/// `QLinearAdd` and `QLinearMul` (`com.microsoft`): numpy broadcasting of `A` and `B`, all
+/// three tensors of one 8-bit type; see the module documentation for the arithmetic.
+fn qlinear_binary(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let add = info.node.op_type == "QLinearAdd";
+    kernel(move |ins| {
+        let a = input(ins, 0)?;
+        let b = input(ins, 3)?;
+        let dtype = check_8bit(a, "A")?;
+        if b.dtype() != dtype {
+            return Err(kernel_error(format!("B must be {dtype} like A, got {}", b.dtype())));
+        }
+        let p = BinaryParams {
+            sa: scale_of(input(ins, 1)?, "A_scale")?,
+            za: zero_point_of(opt_input(ins, 2), dtype, "A_zero_point")?,
+            sb: scale_of(input(ins, 4)?, "B_scale")?,
+            zb: zero_point_of(opt_input(ins, 5), dtype, "B_zero_point")?,
+            sc: scale_of(input(ins, 6)?, "C_scale")?,
+            zc: zero_point_of(opt_input(ins, 7), dtype, "C_zero_point")?,
+        };
+        fn run<T: Q8>(a: &Tensor, b: &Tensor, p: &BinaryParams, add: bool) -> RuntimeResult<Tensor> {
+            let (av, bv) = (a.as_slice::<T>().expect("checked"), b.as_slice::<T>().expect("checked"));
+            let (out, shape) = if add {
+                // MLAS's AVX2 kernel walks one input as a span ("S") and adds the other ("O"):
+                // `fma(s, rS, fma(o, rO, zc - fma(rS, zS, rO·zO)))` with `r = scale / sc` and
+                // raw (not zero-point-shifted) integers. The span is B when A is broadcast
+                // along the innermost axis (ONNX Runtime then swaps the operands), else A.
+                let out_shape = broadcast_shape(a.shape(), b.shape())?;
+                let (ra, rb) = (p.sa / p.sc, p.sb / p.sc);
+                let (za, zb, zc) = (p.za as f32, p.zb as f32, p.zc as f32);
+                if a_is_broadcast_innermost(a.shape(), &out_shape) {
+                    let fixed = zc - rb.mul_add(zb, ra * za);
+                    binary(av, a.shape(), bv, b.shape(), |x: T, y: T| {
+                        T::put(cvt((y.get() as f32).mul_add(rb, (x.get() as f32).mul_add(ra, fixed))).clamp(T::MIN, T::MAX))
+                    })?
+                } else {
+                    let fixed = zc - ra.mul_add(za, rb * zb);
+                    binary(av, a.shape(), bv, b.shape(), |x: T, y: T| {
+                        T::put(cvt((x.get() as f32).mul_add(ra, (y.get() as f32).mul_add(rb, fixed))).clamp(T::MIN, T::MAX))
+                    })?
+                }
+            } else {
+                let ratio = p.sa * p.sb / p.sc;
+                let zc = p.zc as f32;
+                binary(av, a.shape(), bv, b.shape(), |x: T, y: T| {
+                    let prod = (x.get() - p.za) * (y.get() - p.zb);
+                    T::put(cvt(prod as f32 * ratio + zc).clamp(T::MIN, T::MAX))
+                })?
+            };
+            tensor(&shape, out)
+        }
+        Ok(vec![match dtype {
+            DType::U8 => run::<u8>(a, b, &p, add)?,
+            _ => run::<i8>(a, b, &p, add)?,
+        }])
+    })
+}
+
+/// MLAS's logistic function on x86-64 with FMA3 (`MlasComputeLogisticF32KernelFma3`): the
+/// input clamped to `[-18, 18]`, an odd rational approximation `p(x) / q(x) + 0.5` with Horner
+/// steps as fused multiply-adds, clamped below at 0. NaN stays NaN.
+#[allow(clippy::excessive_precision)] // MLAS's decimal constants, rounded to f32 as C++ does.
+fn mlas_logistic(x: f32) -> f32 {
+    const A9: f32 = 4.37031012579801e-11;
+    const A7: f32 = 1.15627324459942e-07;
+    const A5: f32 = 6.08574864600143e-05;
+    const A3: f32 = 8.51377133304701e-03;
+    const A1: f32 = 2.48287947061529e-01;
+    const B10: f32 = 6.10247389755681e-13;
+    const B8: f32 = 5.76102136993427e-09;
+    const B6: f32 = 6.29106785017040e-06;
+    const B4: f32 = 1.70198817374094e-03;
+    const B2: f32 = 1.16817656904453e-01;
+    const B0: f32 = 9.93151921023180e-01;
+    let x = if x.is_nan() { x } else { x.clamp(-18.0, 18.0) };
+    let x2 = x * x;
+    let mut p = x2.mul_add(A9, A7);
+    p = x2.mul_add(p, A5);
+    p = x2.mul_add(p, A3);
+    p = x2.mul_add(p, A1);
+    let mut q = x2.mul_add(B10, B8);
+    q = x2.mul_add(q, B6);
+    q = x2.mul_add(q, B4);
+    q = x2.mul_add(q, B2);
+    q = x2.mul_add(q, B0);
+    let r = (x * p) / q + 0.5;
+    if r.is_nan() { r } else { r.max(0.0) }
+}
+
+/// `QLinearSigmoid` and `QLinearLeakyRelu` (`com.microsoft`): inputs `(X, X_scale, X_zp,
+/// Y_scale, Y_zp)`, the output of X's 8-bit type, computed through a 256-entry table built as
+/// ONNX Runtime builds it (LeakyRelu: `v >= 0 ? v : alpha·v`, `alpha` default 0.01).
+fn qlinear_lookup(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let sigmoid = info.node.op_type == "QLinearSigmoid";
+    let alpha = info.attr_float("alpha", 0.01);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let dtype = check_8bit(x, "X")?;
+        let sx = scale_of(input(ins, 1)?, "X_scale")?;
+        let zx = zero_point_of(opt_input(ins, 2), dtype, "X_zero_point")?;
+        let sy = scale_of(input(ins, 3)?, "Y_scale")?;
+        let zy = zero_point_of(opt_input(ins, 4), dtype, "Y_zero_point")?;
+        let f = move |v: f32| if sigmoid { mlas_logistic(v) } else if v >= 0.0 { v } else { alpha * v };
+        Ok(vec![match dtype {
+            DType::U8 => tensor(x.shape(), apply_table(x.as_slice::<u8>().expect("checked"), &lookup_table::<u8>(sx, zx, sy, zy, f)))?,
+            _ => tensor(x.shape(), apply_table(x.as_slice::<i8>().expect("checked"), &lookup_table::<i8>(sx, zx, sy, zy, f)))?,
+        }])
+    })
+}
+
+/// The scales and zero points of a pooling op's input and output.
+#[derive(Clone, Copy)]
+struct PoolParams {
+    sx: f32,
+    zx: i32,
+    sy: f32,
+    zy: i32,
+}
+
+/// The global average over `image` elements of each of `batch x channels` planes (NCHW, or
+/// channels interleaved when channels-last), as MLAS computes it; see
+/// [`qlinear_global_average_pool`].
+fn global_average<T: Q8>(x: &[T], batch: usize, channels: usize, image: usize, channels_last: bool, p: PoolParams) -> RuntimeResult<Vec<T>> {
+    let PoolParams { sx, zx, sy, zy } = p;
+    let n = i32::try_from(image).ok().filter(|&n| n < 0x100_0000);
+    let scale = n.map(|n| sx / (sy * n as f32));
+    let Some((n, scale)) = n.zip(scale).filter(|&(_, s)| !(s < 2f32.powi(-32) || s >= 256.0)) else {
+        return Err(kernel_error(format!(
+            "QLinearGlobalAveragePool parameters out of ONNX Runtime's computation range: x_scale / (y_scale * image size {image}) must be in [2^-32, 256) and the image size below 2^24"
+        )));
+    };
+    let bias = zx.wrapping_neg().wrapping_mul(n);
+    let (lo, hi) = ((T::MIN - zy) as f32, (T::MAX - zy) as f32);
+    let requantize = |sum: i32| {
+        let v = sum.wrapping_add(bias) as f32 * scale;
+        let v = if v.is_nan() { lo } else { v.max(lo).min(hi) };
+        T::put((cvt(v) + zy).clamp(T::MIN, T::MAX))
+    };
+    let mut out = Vec::with_capacity(batch * channels);
+    for b in 0..batch {
+        for c in 0..channels {
+            let sum = if channels_last {
+                (0..image).fold(0i32, |acc, i| acc.wrapping_add(x[(b * image + i) * channels + c].get()))
+            } else {
+                x[(b * channels + c) * image..(b * channels + c + 1) * image].iter().fold(0i32, |acc, v| acc.wrapping_add(v.get()))
+            };
+            out.push(requantize(sum));
+        }
+    }
+    // Channels-last output [N, 1.., C] has the same layout as [N, C].
+    Ok(out)
+}
+
+/// Shape facts of a pooled NCHW or NHWC input: `(batch, channels, spatial dims)`.
+fn pool_dims(s: &[usize], channels_last: bool) -> RuntimeResult<(usize, usize, Vec<usize>)> {
+    if s.len() < 3 {
+        return Err(kernel_error(format!("the input must have rank 3 or more, got shape {s:?}")));
+    }
+    Ok(if channels_last { (s[0], s[s.len() - 1], s[1..s.len() - 1].to_vec()) } else { (s[0], s[1], s[2..].to_vec()) })
+}
+
+/// The output shape for `spatial` output dims.
+fn pool_shape(batch: usize, channels: usize, spatial: &[usize], channels_last: bool) -> Vec<usize> {
+    if channels_last {
+        [vec![batch], spatial.to_vec(), vec![channels]].concat()
+    } else {
+        [vec![batch, channels], spatial.to_vec()].concat()
+    }
+}
+
+/// `QLinearGlobalAveragePool` (`com.microsoft`): inputs `(X, x_scale, x_zp, y_scale, y_zp)`,
+/// attribute `channels_last` (default 0); the output keeps X's rank with spatial dims of 1.
+/// Each average is `sum(x) - zx·n` in int32, times `x_scale / (y_scale·n)` in f32, clamped to
+/// the output range minus `zy`, rounded to nearest even, plus `zy`. ONNX Runtime refuses
+/// (and so does this kernel) image sizes of 2^24 and more and a combined scale outside
+/// `[2^-32, 256)`.
+fn qlinear_global_average_pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let channels_last = info.attr_int("channels_last", 0) != 0;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let dtype = check_8bit(x, "X")?;
+        let sx = scale_of(input(ins, 1)?, "x_scale")?;
+        let zx = zero_point_of(opt_input(ins, 2), dtype, "x_zero_point")?;
+        let sy = scale_of(input(ins, 3)?, "y_scale")?;
+        let zy = zero_point_of(opt_input(ins, 4), dtype, "y_zero_point")?;
+        let p = PoolParams { sx, zx, sy, zy };
+        let (batch, channels, spatial) = pool_dims(x.shape(), channels_last)?;
+        let image: usize = spatial.iter().product();
+        let shape = pool_shape(batch, channels, &vec![1; spatial.len()], channels_last);
+        Ok(vec![match dtype {
+            DType::U8 => tensor(&shape, global_average(x.as_slice::<u8>().expect("checked"), batch, channels, image, channels_last, p)?)?,
+            _ => tensor(&shape, global_average(x.as_slice::<i8>().expect("checked"), batch, channels, image, channels_last, p)?)?,
+        }])
+    })
+}
+
+/// `QLinearAveragePool` (`com.microsoft`): inputs `(X, x_scale, x_zp, y_scale, y_zp)`,
+/// AveragePool's attributes (`kernel_shape`, `strides`, `pads`, `auto_pad`, `ceil_mode`,
+/// `count_include_pad`; no dilations) and `channels_last`, 1-D to 3-D windows. As in ONNX
+/// Runtime: a window covering the whole unpadded image is a global average
+/// ([`qlinear_global_average_pool`]); otherwise X is dequantized to f32
+/// (`x_scale·(x - zx)`), summed over the window clipped to the image in (h, w, d) order,
+/// divided by the element count (the full kernel size with `count_include_pad`), and
+/// quantized as `rne(y / y_scale + zy)` saturated.
+fn qlinear_average_pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let channels_last = info.attr_int("channels_last", 0) != 0;
+    let include_pad = info.attr_int("count_include_pad", 0) != 0;
+    let window = Window::from_node(info)?;
+    let kernel_shape = window.kernel.clone().ok_or_else(|| info.error("'kernel_shape' is required"))?;
+    if kernel_shape.is_empty() || kernel_shape.len() > 3 || kernel_shape.contains(&0) {
+        return Err(info.error(format!("kernel_shape {kernel_shape:?} must have 1 to 3 positive entries")));
+    }
+    if window.dilations.as_ref().is_some_and(|d| d.iter().any(|&v| v != 1)) {
+        return Err(info.error("dilations are not supported by QLinearAveragePool"));
+    }
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let dtype = check_8bit(x, "X")?;
+        let sx = scale_of(input(ins, 1)?, "x_scale")?;
+        let zx = zero_point_of(opt_input(ins, 2), dtype, "x_zero_point")?;
+        let sy = scale_of(input(ins, 3)?, "y_scale")?;
+        let zy = zero_point_of(opt_input(ins, 4), dtype, "y_zero_point")?;
+        let p = PoolParams { sx, zx, sy, zy };
+        let (batch, channels, spatial) = pool_dims(x.shape(), channels_last)?;
+        if spatial.len() != kernel_shape.len() {
+            return Err(kernel_error(format!("kernel_shape {kernel_shape:?} does not match the {} spatial dims of X {:?}", spatial.len(), x.shape())));
+        }
+        if spatial.contains(&0) {
+            return Err(kernel_error(format!("X has an empty spatial dimension: {:?}", x.shape())));
+        }
+        let axes = window.axes(&spatial, &kernel_shape)?;
+        let pads_zero = axes.iter().all(|a| a.pad_begin == 0 && a.pad_end == 0);
+        if pads_zero && spatial == kernel_shape {
+            let image: usize = spatial.iter().product();
+            let shape = pool_shape(batch, channels, &vec![1; spatial.len()], channels_last);
+            return Ok(vec![match dtype {
+                DType::U8 => tensor(&shape, global_average(x.as_slice::<u8>().expect("checked"), batch, channels, image, channels_last, p)?)?,
+                _ => tensor(&shape, global_average(x.as_slice::<i8>().expect("checked"), batch, channels, image, channels_last, p)?)?,
+            }]);
+        }
+        let out_spatial: Vec<usize> = axes.iter().map(|a| a.output).collect();
+        let shape = pool_shape(batch, channels, &out_spatial, channels_last);
+        #[derive(Clone, Copy)]
+        struct Geometry<'a> {
+            batch: usize,
+            channels: usize,
+            spatial: &'a [usize],
+            axes: &'a [super::conv::Axis],
+            include_pad: bool,
+            channels_last: bool,
+        }
+        fn run<T: Q8>(x: &[T], geo: &Geometry, p: PoolParams) -> Vec<T> {
+            let Geometry { batch, channels, spatial, axes, include_pad, channels_last } = *geo;
+            let PoolParams { sx, zx, sy, zy } = p;
+            // Pad the geometry to 3-D with unit trailing axes (ONNX Runtime's loop order).
+            let dim = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
+            let (ih, iw, id) = (dim(spatial, 0), dim(spatial, 1), dim(spatial, 2));
+            let get = |i: usize| axes.get(i).map(|a| (a.output, a.stride, a.pad_begin, a.kernel)).unwrap_or((1, 1, 0, 1));
+            let ((oh, sh, ph, kh), (ow, sw, pw, kw), (od, sd, pd, kd)) = (get(0), get(1), get(2));
+            let kernel_size = kh * kw * kd;
+            let image = ih * iw * id;
+            let deq: Vec<f32> = x.iter().map(|v| sx * (v.get() - zx) as f32).collect();
+            let range = |o: usize, s: usize, p: usize, k: usize, n: usize| {
+                let start = (o * s) as i64 - p as i64;
+                let end = (start + k as i64).min(n as i64);
+                (start.max(0) as usize, end.max(0) as usize)
+            };
+            let mut out = vec![T::default(); batch * channels * oh * ow * od];
+            for b in 0..batch {
+                for c in 0..channels {
+                    let at = |h: usize, w: usize, d: usize| {
+                        let p = (h * iw + w) * id + d;
+                        if channels_last { (b * image + p) * channels + c } else { (b * channels + c) * image + p }
+                    };
+                    for yh in 0..oh {
+                        let (h0, h1) = range(yh, sh, ph, kh, ih);
+                        for yw in 0..ow {
+                            let (w0, w1) = range(yw, sw, pw, kw, iw);
+                            for yd in 0..od {
+                                let (d0, d1) = range(yd, sd, pd, kd, id);
+                                let mut y = 0f32;
+                                for h in h0..h1 {
+                                    for w in w0..w1 {
+                                        for d in d0..d1 {
+                                            y += deq[at(h, w, d)];
+                                        }
+                                    }
+                                }
+                                let count = if include_pad { kernel_size } else { (h1 - h0) * (w1 - w0) * (d1 - d0) };
+                                y /= count as f32;
+                                let q = cvt(y / sy + zy as f32).clamp(T::MIN, T::MAX);
+                                let o = (yh * ow + yw) * od + yd;
+                                let dst = if channels_last { (b * oh * ow * od + o) * channels + c } else { (b * channels + c) * oh * ow * od + o };
+                                out[dst] = T::put(q);
+                            }
+                        }
+                    }
+                }
+            }
+            out
+        }
+        let geo = Geometry { batch, channels, spatial: &spatial, axes: &axes, include_pad, channels_last };
+        Ok(vec![match dtype {
+            DType::U8 => tensor(&shape, run(x.as_slice::<u8>().expect("checked"), &geo, p))?,
+            _ => tensor(&shape, run(x.as_slice::<i8>().expect("checked"), &geo, p))?,
+        }])
+    })
+}
+
+/// `QLinearConcat` (`com.microsoft`): inputs `(Y_scale, Y_zp, X1, X1_scale, X1_zp, ...)`,
+/// attribute `axis`; every X of Y_zp's 8-bit type. An input whose scale and zero point equal
+/// the output's is copied, any other is requantized through a 256-entry table (dequantize,
+/// `QuantizeLinear`).
+fn qlinear_concat(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let axis = info.node.attr_int("axis").ok_or_else(|| info.error("'axis' is required"))?;
+    let count = info.node.inputs.len();
+    if count < 5 || !(count - 2).is_multiple_of(3) {
+        return Err(info.error(format!("inputs must be Y_scale, Y_zero_point and (tensor, scale, zero point) triples, got {count} inputs")));
+    }
+    kernel(move |ins| {
+        let sy = scale_of(input(ins, 0)?, "Y_scale")?;
+        let yz = input(ins, 1)?;
+        let dtype = check_8bit(yz, "Y_zero_point")?;
+        let zy = zero_point_of(Some(yz), dtype, "Y_zero_point")?;
+        let n = (ins.len() - 2) / 3;
+        let mut parts = Vec::with_capacity(n);
+        for k in 0..n {
+            let x = input(ins, 2 + 3 * k)?;
+            if x.dtype() != dtype {
+                return Err(kernel_error(format!("input {} must be {dtype} like Y_zero_point, got {}", 2 + 3 * k, x.dtype())));
+            }
+            let s = scale_of(input(ins, 3 + 3 * k)?, &format!("input {} (scale)", 3 + 3 * k))?;
+            let z = zero_point_of(opt_input(ins, 4 + 3 * k), dtype, &format!("input {} (zero point)", 4 + 3 * k))?;
+            parts.push((x, s, z));
+        }
+        let first = parts[0].0.shape().to_vec();
+        let ax = norm_axis(axis, first.len())?;
+        let mut out_shape = first.clone();
+        out_shape[ax] = 0;
+        for (x, _, _) in &parts {
+            let s = x.shape();
+            if s.len() != first.len() || s.iter().zip(&first).enumerate().any(|(i, (a, b))| i != ax && a != b) {
+                return Err(kernel_error(format!("inputs of shapes {first:?} and {s:?} cannot be concatenated on axis {ax}")));
+            }
+            out_shape[ax] += s[ax];
+        }
+        fn run<T: Q8>(parts: &[(&Tensor, f32, i32)], ax: usize, out_shape: &[usize], sy: f32, zy: i32) -> RuntimeResult<Tensor> {
+            let outer: usize = out_shape[..ax].iter().product();
+            let inner: usize = out_shape[ax + 1..].iter().product();
+            let mapped: Vec<Vec<T>> = parts.iter().map(|&(x, s, z)| {
+                let v = x.as_slice::<T>().expect("checked");
+                if s == sy && z == zy { v.to_vec() } else { apply_table(v, &lookup_table::<T>(s, z, sy, zy, |f| f)) }
+            }).collect();
+            let mut out = Vec::with_capacity(out_shape.iter().product());
+            for o in 0..outer {
+                for ((x, _, _), m) in parts.iter().zip(&mapped) {
+                    let run = x.shape()[ax] * inner;
+                    out.extend_from_slice(&m[o * run..(o + 1) * run]);
+                }
+            }
+            tensor(out_shape, out)
+        }
+        Ok(vec![match dtype {
+            DType::U8 => run::<u8>(&parts, ax, &out_shape, sy, zy)?,
+            _ => run::<i8>(&parts, ax, &out_shape, sy, zy)?,
+        }])
+    })
+}
+
+/// `DynamicQuantizeLinear` (opset 11): float32 `x` to uint8 `y` with the scalar `y_scale` and
+/// `y_zero_point` computed from x's range as ONNX Runtime does: `min = min(0, min(x))`,
+/// `max = max(0, max(x))` (NaN ignored), `scale = (max - min) / 255` (1 when `max == min`),
+/// `zp = rne(clamp(-min / scale, 0, 255))`, then `y = QuantizeLinear(x, scale, zp)` with f32
+/// division and round to nearest even.
+fn dynamic_quantize_linear(_info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        let xv = x.as_slice::<f32>().map_err(|_| kernel_error(format!("x must be float, got {}", x.dtype())))?;
+        let (lo, hi) = xv.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (lo, hi) = (lo.min(0.0), hi.max(0.0));
+        let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
+        let initial = 0.0 - lo / scale;
+        let clamped = if initial.is_nan() { 255.0 } else { initial.clamp(0.0, 255.0) };
+        let zp = clamped.round_ties_even() as i32;
+        let y: Vec<u8> = xv.iter().map(|&v| quantize_one::<u8>(v, scale, zp)).collect();
+        Ok(vec![tensor(x.shape(), y)?, Tensor::scalar(scale), Tensor::scalar(zp as u8)])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversion_overflow_gives_the_integer_minimum() {
+        assert_eq!(cvt(2.5), 2);
+        assert_eq!(cvt(-2.5), -2);
+        assert_eq!(cvt(3.5), 4);
+        assert_eq!(cvt(f32::NAN), i32::MIN);
+        assert_eq!(cvt(3e9), i32::MIN);
+        assert_eq!(cvt(-3e9), i32::MIN);
+    }
+
+    #[test]
+    fn logistic_is_close_to_the_exact_function() {
+        for i in -200..=200 {
+            let x = i as f32 / 10.0;
+            let exact = 1.0 / (1.0 + (-x as f64).exp());
+            assert!((mlas_logistic(x) as f64 - exact).abs() < 1e-6, "{x}");
+        }
+        assert!(mlas_logistic(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn table_indexes_signed_bytes() {
+        let t = lookup_table::<i8>(1.0, 0, 1.0, 0, |v| v);
+        assert_eq!(t[0xff], -1);
+        assert_eq!(t[0x80], -128);
+        assert_eq!(t[5], 5);
+    }
+}

@@ -1,0 +1,82 @@
+//! AVX2 micro-kernel on 16-bit values: A and B are stored sign- or zero-extended to `i16`
+//! and `vpmaddwd` multiplies pairs of them and adds each pair into a 32-bit lane.
+//!
+//! `vpmaddubsw` (u8 x i8 pairs summed into a *saturating* `i16`) is deliberately not used: two
+//! products such as `255 * 127 + 255 * 127 = 64770` exceed 32767 and would be clamped. With
+//! 16-bit operands in [-128, 255] every pair sum is at most `2 * 255 * 255 = 130050` in
+//! magnitude, far inside `i32`, so the result is exact for all u8/i8 inputs, at half the
+//! multiply rate of the byte instruction. Tiles are `R x 16` (R <= 6): 2R accumulators of
+//! 8 lanes, two B vectors and one broadcast of A, 2R + 3 <= 15 of the 16 registers.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+#[cfg(target_arch = "x86_64")]
+use super::Epilogue;
+
+/// Computes an `R x 16` tile: `c[r][j] (+)= sum_d a[r][d] * b[g][j][d % 2]` over `2 groups`
+/// depths `d` (`g = d / 2`) of `i16` values, A's rows at stride `lda` bytes, `c` with row
+/// stride `ldc` (in `i32`), accumulating when `acc`, and adding the zero point terms of `epi`
+/// when given.
+///
+/// # Safety
+/// The CPU must support AVX2. `a` must hold `R` rows of `4 groups` bytes at stride `lda`, `b`
+/// `groups * 64` bytes and `c` `R` rows of 16 `i32` at stride `ldc`; `epi`'s pointers must
+/// hold 16 (`col`, `bz`) and `R` (`row`) values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, c: *mut i32, ldc: usize, acc: bool, epi: Option<&Epilogue>) {
+    let mut sum = [[_mm256_setzero_si256(); 2]; R];
+    let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));
+    let mut bp = b;
+    for g in 0..groups {
+        let b0 = _mm256_loadu_si256(bp as *const __m256i);
+        let b1 = _mm256_loadu_si256(bp.add(32) as *const __m256i);
+        for (s, &row) in sum.iter_mut().zip(&rows) {
+            let av = _mm256_set1_epi32((row.add(4 * g) as *const i32).read_unaligned());
+            s[0] = _mm256_add_epi32(s[0], _mm256_madd_epi16(av, b0));
+            s[1] = _mm256_add_epi32(s[1], _mm256_madd_epi16(av, b1));
+        }
+        bp = bp.add(64);
+    }
+    if let Some(e) = epi {
+        let (c0, c1) = (_mm256_loadu_si256(e.col as *const __m256i), _mm256_loadu_si256(e.col.add(8) as *const __m256i));
+        if e.bz.is_null() {
+            for (r, s) in sum.iter_mut().enumerate() {
+                let rv = _mm256_set1_epi32(*e.row.add(r));
+                s[0] = _mm256_add_epi32(s[0], _mm256_add_epi32(c0, rv));
+                s[1] = _mm256_add_epi32(s[1], _mm256_add_epi32(c1, rv));
+            }
+        } else {
+            let (z0, z1) = (_mm256_loadu_si256(e.bz as *const __m256i), _mm256_loadu_si256(e.bz.add(8) as *const __m256i));
+            for (r, s) in sum.iter_mut().enumerate() {
+                let rv = _mm256_set1_epi32(*e.row.add(r));
+                s[0] = _mm256_add_epi32(s[0], _mm256_add_epi32(c0, _mm256_mullo_epi32(z0, rv)));
+                s[1] = _mm256_add_epi32(s[1], _mm256_add_epi32(c1, _mm256_mullo_epi32(z1, rv)));
+            }
+        }
+    }
+    for (r, s) in sum.iter().enumerate() {
+        let row = c.add(r * ldc);
+        let (mut v0, mut v1) = (s[0], s[1]);
+        if acc {
+            v0 = _mm256_add_epi32(v0, _mm256_loadu_si256(row as *const __m256i));
+            v1 = _mm256_add_epi32(v1, _mm256_loadu_si256(row.add(8) as *const __m256i));
+        }
+        _mm256_storeu_si256(row as *mut __m256i, v0);
+        _mm256_storeu_si256(row.add(8) as *mut __m256i, v1);
+    }
+}
+
+/// The tile function for `rows` rows (1..=6).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn tile_fn(rows: usize) -> super::TileFn {
+    match rows {
+        1 => tile::<1>,
+        2 => tile::<2>,
+        3 => tile::<3>,
+        4 => tile::<4>,
+        5 => tile::<5>,
+        _ => tile::<6>,
+    }
+}

@@ -1,0 +1,85 @@
+//! AVX-512 VNNI micro-kernel: `vpdpbusd` multiplies 4 unsigned bytes of A by 4 signed bytes
+//! of B and adds the four products to a 32-bit lane, without intermediate saturation (the
+//! non-saturating form; the `vpdpbusds` variant would clamp). Every product is exact: A is
+//! stored as `u8` (signed activations are flipped by `xor 0x80`, i.e. `+128`) and B as `i8`
+//! (unsigned weights flipped to `b - 128`), and the driver folds both shifts into the zero
+//! points. Tiles are `R x 32` (R <= 12): 2R accumulators of 16 lanes, two B vectors and one
+//! broadcast of A, 2R + 3 <= 27 of the 32 registers.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+#[cfg(target_arch = "x86_64")]
+use super::Epilogue;
+
+/// Computes an `R x 32` tile: `c[r][j] (+)= sum_d a[r * lda + d] * b[g][j][d % 4]` over
+/// `4 groups` depths `d` (`g = d / 4`), A as `u8` and B as `i8`, `c` with row stride `ldc` (in
+/// `i32`), accumulating when `acc`, and adding the zero point terms of `epi` when given.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI. `a` must hold `R` rows of `4 groups` bytes
+/// at stride `lda`, `b` `groups * 128` bytes and `c` `R` rows of 32 `i32` at stride `ldc`;
+/// `epi`'s pointers must hold 32 (`col`, `bz`) and `R` (`row`) values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, c: *mut i32, ldc: usize, acc: bool, epi: Option<&Epilogue>) {
+    let mut sum = [[_mm512_setzero_si512(); 2]; R];
+    let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));
+    let mut bp = b;
+    for g in 0..groups {
+        let b0 = _mm512_loadu_si512(bp as *const _);
+        let b1 = _mm512_loadu_si512(bp.add(64) as *const _);
+        for (s, &row) in sum.iter_mut().zip(&rows) {
+            let av = _mm512_set1_epi32((row.add(4 * g) as *const i32).read_unaligned());
+            s[0] = _mm512_dpbusd_epi32(s[0], av, b0);
+            s[1] = _mm512_dpbusd_epi32(s[1], av, b1);
+        }
+        bp = bp.add(128);
+    }
+    if let Some(e) = epi {
+        let (c0, c1) = (_mm512_loadu_si512(e.col as *const _), _mm512_loadu_si512(e.col.add(16) as *const _));
+        if e.bz.is_null() {
+            for (r, s) in sum.iter_mut().enumerate() {
+                let rv = _mm512_set1_epi32(*e.row.add(r));
+                s[0] = _mm512_add_epi32(s[0], _mm512_add_epi32(c0, rv));
+                s[1] = _mm512_add_epi32(s[1], _mm512_add_epi32(c1, rv));
+            }
+        } else {
+            let (z0, z1) = (_mm512_loadu_si512(e.bz as *const _), _mm512_loadu_si512(e.bz.add(16) as *const _));
+            for (r, s) in sum.iter_mut().enumerate() {
+                let rv = _mm512_set1_epi32(*e.row.add(r));
+                s[0] = _mm512_add_epi32(s[0], _mm512_add_epi32(c0, _mm512_mullo_epi32(z0, rv)));
+                s[1] = _mm512_add_epi32(s[1], _mm512_add_epi32(c1, _mm512_mullo_epi32(z1, rv)));
+            }
+        }
+    }
+    for (r, s) in sum.iter().enumerate() {
+        let row = c.add(r * ldc);
+        let (mut v0, mut v1) = (s[0], s[1]);
+        if acc {
+            v0 = _mm512_add_epi32(v0, _mm512_loadu_si512(row as *const _));
+            v1 = _mm512_add_epi32(v1, _mm512_loadu_si512(row.add(16) as *const _));
+        }
+        _mm512_storeu_si512(row as *mut _, v0);
+        _mm512_storeu_si512(row.add(16) as *mut _, v1);
+    }
+}
+
+/// The tile function for `rows` rows (1..=12).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn tile_fn(rows: usize) -> super::TileFn {
+    match rows {
+        1 => tile::<1>,
+        2 => tile::<2>,
+        3 => tile::<3>,
+        4 => tile::<4>,
+        5 => tile::<5>,
+        6 => tile::<6>,
+        7 => tile::<7>,
+        8 => tile::<8>,
+        9 => tile::<9>,
+        10 => tile::<10>,
+        11 => tile::<11>,
+        _ => tile::<12>,
+    }
+}
