@@ -317,6 +317,7 @@ fn concat_of_different_scales_becomes_qlinear_concat_and_equal_dq_q_pairs_are_re
 }
 
 /// A Conv unit on `x` with qparams of `dtype` and a weight DQ with the given attributes.
+#[allow(clippy::too_many_arguments)]
 fn conv_unit(g: &mut Graph, tag: &str, x: ValueId, act: DType, wdata: Tensor, wscale: Tensor, wzp: Tensor, wattrs: Vec<(&str, Attr)>) -> ValueId {
     let z = |v: i64| match act {
         DType::U16 => Tensor::scalar(v as u16),

@@ -1047,10 +1047,8 @@ fn lower_direct(ctx: &Ctx, id: NodeId) -> Result<Option<Rewrite>, String> {
         node.inputs[2] = Some(pv);
     }
     let mut outs = node.outputs.clone();
-    let mut k = 0;
-    for o in outs.iter_mut().flatten() {
-        *o = qs[k].output;
-        k += 1;
+    for (o, q) in outs.iter_mut().flatten().zip(&qs) {
+        *o = q.output;
     }
     b.add(&node.op_type, "", None, node.inputs.clone(), outs.into_iter().flatten().collect(), node.attrs.clone());
     let remove: Vec<NodeId> = std::iter::once(id).chain(qs.iter().map(|q| q.node)).collect();

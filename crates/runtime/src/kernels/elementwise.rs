@@ -62,6 +62,25 @@ pub fn from_f32(dtype: DType, shape: &[usize], v: Vec<f32>) -> RuntimeResult<Ten
     }
 }
 
+/// [`to_f32`], also taking 8-bit integer tensors, which f32 holds exactly: for ops that only
+/// select or copy elements (MaxPool, nearest Resize), which then give the same integers.
+pub fn values_f32(t: &Tensor) -> RuntimeResult<std::borrow::Cow<'_, [f32]>> {
+    match t.dtype() {
+        DType::U8 => Ok(t.as_slice::<u8>().unwrap().iter().map(|&v| v as f32).collect::<Vec<_>>().into()),
+        DType::I8 => Ok(t.as_slice::<i8>().unwrap().iter().map(|&v| v as f32).collect::<Vec<_>>().into()),
+        _ => to_f32(t),
+    }
+}
+
+/// [`from_f32`], also making 8-bit integer tensors from values [`values_f32`] selected.
+pub fn values_from_f32(dtype: DType, shape: &[usize], v: Vec<f32>) -> RuntimeResult<Tensor> {
+    match dtype {
+        DType::U8 => tensor(shape, v.into_iter().map(|x| x as u8).collect::<Vec<_>>()),
+        DType::I8 => tensor(shape, v.into_iter().map(|x| x as i8).collect::<Vec<_>>()),
+        d => from_f32(d, shape, v),
+    }
+}
+
 /// The logistic function, as the Sigmoid kernel computes it.
 pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())

@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::conv::Window;
-use super::elementwise::{from_f32, to_f32};
+use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
 use super::util::{input, kernel, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
@@ -37,7 +37,7 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let axes = win.axes(&[ih, iw], &[kh, kw])?;
         let (h, w) = (axes[0], axes[1]);
         let (oh, ow) = (h.output, w.output);
-        let xv = to_f32(x)?;
+        let xv = if max { values_f32(x)? } else { to_f32(x)? };
         let mut out = vec![0f32; n * c * oh * ow];
         let planes: Vec<(usize, &mut [f32])> = out.chunks_mut(oh * ow).enumerate().collect();
         let results: Vec<Vec<i64>> = planes.into_par_iter().map(|(p, dst)| {
@@ -77,7 +77,7 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             ind
         }).collect();
         let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
-        let mut outs = vec![from_f32(x.dtype(), &shape, out)?];
+        let mut outs = vec![values_from_f32(x.dtype(), &shape, out)?];
         if wants_indices {
             outs.push(tensor(&shape, results.into_iter().flatten().collect::<Vec<i64>>())?);
         }

@@ -1,7 +1,7 @@
 //! Resize (opsets 10-19) and Upsample: nearest, linear and cubic, separable per axis, with
 //! every coordinate transformation mode.
 
-use super::elementwise::{from_f32, to_f32};
+use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
 use super::util::{input, ints, kernel, opt_input};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
@@ -185,7 +185,7 @@ fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         };
         if p.mode == "nearest" && p.coord != "tf_crop_and_resize" {
             let tables: Vec<Vec<usize>> = (0..r).map(|a| (0..out[a]).map(|o| taps(&p, o, s[a], out[a], scales[a], roi[a])[0].0).collect()).collect();
-            return Ok(vec![from_f32(x.dtype(), &out, nearest(&to_f32(x)?, &s, &out, &tables))?]);
+            return Ok(vec![values_from_f32(x.dtype(), &out, nearest(&values_f32(x)?, &s, &out, &tables))?]);
         }
         let mut data = to_f32(x)?.into_owned();
         let mut shape = s.clone();

@@ -1,0 +1,78 @@
+//! qforge's int8 runtime against ONNX Runtime on the real benchmark models lowered to integer
+//! operators (`quantize --format qoperator`): every integer tensor a node produces (quantized
+//! activations, int32 accumulators) is exposed as a graph output, both engines run the model
+//! on the same inputs (ONNX Runtime with graph optimizations off, so it runs the nodes as
+//! written), and the integers must be identical.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use common::{qforge, text};
+use qforge_testkit::{make_inputs, oracle, real_models, RealModel, TempDir};
+
+/// Writes `count` seeded samples of `m` as sample folders under `dir`; returns the feeds'
+/// `--input NAME=FILE` arguments of the first one.
+fn samples(dir: &Path, m: &RealModel, count: usize) -> Vec<String> {
+    let g = qforge_onnx::load(&m.path).unwrap().graph;
+    let mut first = vec![];
+    for i in 0..count {
+        let d = dir.join(format!("{i:03}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, t) in make_inputs(&g, m, 200 + i as u64) {
+            let file = d.join(format!("{}.npy", qforge_data::sanitize(&name)));
+            qforge_data::write_npy(&file, &t).unwrap();
+            if i == 0 {
+                first.push(format!("{name}={}", file.display()));
+            }
+        }
+    }
+    first
+}
+
+/// Quantizes `name` to integer operators and compares every integer tensor of one run in
+/// qforge and in ONNX Runtime; returns how many were compared.
+fn integers_match(name: &str) -> usize {
+    let m = real_models().into_iter().find(|m| m.name == name).unwrap_or_else(|| panic!("{name} in the test cache (run scripts/setup.sh)"));
+    let tmp = TempDir::new(&format!("int8-vs-ort-{name}"));
+    let calib = tmp.path().join("calib");
+    let feeds = samples(&calib, &m, 4);
+    let lowered = tmp.path().join("lowered.onnx");
+    let out = qforge(&[OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new("qoperator")]);
+    assert!(out.status.success(), "{name}: quantize failed: {}", text(&out.stderr));
+    let exposed_model = tmp.path().join("exposed.onnx");
+    let o = oracle("expose_integers.py", &[lowered.as_os_str(), exposed_model.as_os_str()]);
+    assert!(o.status.success(), "{name}: {}", text(&o.stderr));
+    let exposed: Vec<String> = serde_json::from_slice(&o.stdout).unwrap();
+    let inputs: Vec<String> = feeds.iter().flat_map(|f| ["--input".to_string(), f.clone()]).collect();
+    let (ort_out, qf_out) = (tmp.path().join("ort.npz"), tmp.path().join("qforge.npz"));
+    let mut args: Vec<&OsStr> = vec![exposed_model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str(), OsStr::new("--no-opt")];
+    args.extend(inputs.iter().map(OsStr::new));
+    let o = oracle("ort_run.py", &args);
+    assert!(o.status.success(), "{name}: ONNX Runtime failed: {}", text(&o.stderr));
+    let mut args: Vec<&OsStr> = vec![OsStr::new("run"), exposed_model.as_os_str(), OsStr::new("-o"), qf_out.as_os_str()];
+    args.extend(inputs.iter().map(OsStr::new));
+    let o = qforge(&args);
+    assert!(o.status.success(), "{name}: qforge run failed: {}", text(&o.stderr));
+    let theirs = qforge_data::read_npz(&ort_out).unwrap();
+    let ours = qforge_data::read_npz(&qf_out).unwrap();
+    let mut compared = 0;
+    for value in &exposed {
+        let a = &theirs.iter().find(|(n, _)| n == value).unwrap_or_else(|| panic!("{name}: ORT gave no '{value}'")).1;
+        let b = &ours.iter().find(|(n, _)| n == value).unwrap_or_else(|| panic!("{name}: qforge gave no '{value}'")).1;
+        assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{name}: '{value}' type or shape");
+        assert_eq!(a.raw_bytes().unwrap(), b.raw_bytes().unwrap(), "{name}: integer tensor '{value}' differs from ONNX Runtime's");
+        compared += 1;
+    }
+    compared
+}
+
+#[test]
+fn every_integer_tensor_of_the_lowered_benchmark_models_matches_onnx_runtime() {
+    for (name, at_least) in [("ocr_cls", 50), ("orientation", 50), ("ocr_det", 100), ("silero_vad_16k_op15", 5)] {
+        let n = integers_match(name);
+        println!("{name}: {n} integer tensors identical to ONNX Runtime's");
+        assert!(n >= at_least, "{name}: only {n} integer tensors compared; the lowering should give at least {at_least}");
+    }
+}
