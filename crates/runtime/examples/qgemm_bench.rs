@@ -16,17 +16,21 @@ use qforge_ir::{DType, Dim, Tensor};
 use qforge_runtime::qgemm::{gemm_i32, ASource, Gemm, Int8, Isa, PackedB, ZeroPoints};
 use qforge_runtime::{Session, SessionOptions};
 
+/// `struct timespec` on 64-bit Linux.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 #[repr(C)]
 struct Timespec {
     sec: i64,
     nsec: i64,
 }
 
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 extern "C" {
     fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
 }
 
-/// CPU time of this process in seconds (`CLOCK_PROCESS_CPUTIME_ID`).
+/// CPU time of this process in seconds (`CLOCK_PROCESS_CPUTIME_ID`; wall time elsewhere).
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 fn cpu_time() -> f64 {
     let mut ts = Timespec { sec: 0, nsec: 0 };
     // SAFETY: `ts` is a valid `struct timespec` on 64-bit Linux; clock 2 is the process clock.
@@ -34,7 +38,15 @@ fn cpu_time() -> f64 {
     ts.sec as f64 + ts.nsec as f64 * 1e-9
 }
 
-/// Median wall and CPU milliseconds of `runs` calls of `f` after 3 warm-up calls.
+/// Wall time in seconds since the first call (no process clock on this platform).
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn cpu_time() -> f64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// Median wall and CPU milliseconds of `runs` calls of `f` after 3 warm-up calls, and the
+/// fastest wall time.
 fn time(runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
     for _ in 0..3 {
         f();
@@ -54,10 +66,12 @@ fn time(runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
     (med(&mut wall), med(&mut cpu), min)
 }
 
+/// The value after `name` in the arguments.
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
+/// `n` pseudo-random bytes from a xorshift generator seeded with `seed`.
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n).map(|_| {
@@ -92,7 +106,9 @@ fn main() {
         Some("session") => {
             let path = args.get(2).expect("usage: qgemm_bench session MODEL.onnx");
             let model = qforge_onnx::load(std::path::Path::new(path)).expect("the model loads");
-            let session = Session::with_options(&model, SessionOptions { threads: 1, ..Default::default() }).expect("the model plans");
+            #[allow(clippy::needless_update)]
+            let opts = SessionOptions { threads: 1, ..Default::default() };
+            let session = Session::with_options(&model, opts).expect("the model plans");
             let g = &model.graph;
             let inputs: Vec<(String, Tensor)> = g.real_inputs().enumerate().map(|(i, id)| {
                 let v = g.value(id).unwrap();

@@ -13,30 +13,36 @@
 //! the portable kernel; a family the CPU lacks is reported on stderr.
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType, MS_DOMAIN};
-use qforge_runtime::qgemm::{gemm_i32, ASource, Gemm, Int8, Isa, PackedB, ZeroPoints};
+use qforge_runtime::qgemm::{gemm_i32, ASource, FillRows, Gemm, Int8, Isa, PackedB, ZeroPoints};
 use qforge_runtime::Session;
 use qforge_testkit::{ort_run, TempDir};
 
+/// A xorshift generator: the same numbers on every machine.
 struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded with `seed`.
     fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
+    /// The next 64 random bits.
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
+    /// A number in `0..n`.
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+    /// A number in `[0, 1)`.
     fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32
     }
 }
 
+/// The ONNX element type of an 8-bit operand type.
 fn dtype(t: Int8) -> DType {
     match t {
         Int8::U8 => DType::U8,
@@ -44,6 +50,7 @@ fn dtype(t: Int8) -> DType {
     }
 }
 
+/// The value range of an 8-bit operand type.
 fn range(t: Int8) -> (i32, i32) {
     match t {
         Int8::U8 => (0, 255),
@@ -71,6 +78,7 @@ fn data(rng: &mut Rng, t: Int8, n: usize) -> Vec<u8> {
     v
 }
 
+/// A zero point: 0, either extreme, or anything in the type's range.
 fn zp(rng: &mut Rng, t: Int8) -> i32 {
     let (lo, hi) = range(t);
     match rng.below(4) {
@@ -81,10 +89,12 @@ fn zp(rng: &mut Rng, t: Int8) -> i32 {
     }
 }
 
+/// An 8-bit tensor of type `t` from raw bytes.
 fn int_tensor(t: Int8, shape: &[usize], v: &[u8]) -> Tensor {
     Tensor::from_raw(dtype(t), shape, v).unwrap()
 }
 
+/// An 8-bit tensor of type `t` from values in its range.
 fn zp_tensor(t: Int8, shape: &[usize], v: &[i32]) -> Tensor {
     int_tensor(t, shape, &v.iter().map(|&x| x as u8).collect::<Vec<_>>())
 }
@@ -105,10 +115,12 @@ struct Builder {
 }
 
 impl Builder {
+    /// An empty model.
     fn new() -> Builder {
         Builder { g: Graph::new("qlinear"), feeds: vec![], outs: vec![], what: vec![], count: 0 }
     }
 
+    /// A fresh value or node name.
     fn name(&mut self, tag: &str) -> String {
         self.count += 1;
         format!("{tag}_{}", self.count)
@@ -154,6 +166,7 @@ impl Builder {
         self.what.push(what);
     }
 
+    /// The model importing `opsets`, its feeds, and the description of each output.
     fn model(mut self, opsets: &[(&str, i64)]) -> (Model, Vec<(String, Tensor)>, Vec<String>) {
         self.g.set_outputs(self.outs.clone()).unwrap();
         let opset_imports = opsets.iter().map(|&(d, v)| OpsetImport { domain: d.to_string(), version: v }).collect();
@@ -206,6 +219,21 @@ fn naive(a: &[u8], at: Int8, a_zp: &[i32], b: &[u8], bt: Int8, b_zp: &[i32], m: 
     c
 }
 
+/// A row-major A handed out through [`FillRows`], as an im2col view would.
+struct Rows<'a> {
+    a: &'a [u8],
+    k: usize,
+}
+
+impl FillRows for Rows<'_> {
+    fn fill(&self, rows: std::ops::Range<usize>, ks: std::ops::Range<usize>, dst: &mut [u8], ld: usize) {
+        for (r, i) in rows.enumerate() {
+            dst[r * ld..r * ld + ks.len()].copy_from_slice(&self.a[i * self.k + ks.start..i * self.k + ks.end]);
+        }
+    }
+}
+
+/// Zero points as the GEMM takes them.
 fn zps(v: &[i32]) -> ZeroPoints<'_> {
     if v.len() == 1 { ZeroPoints::Tensor(v[0]) } else { ZeroPoints::Each(v) }
 }
@@ -215,7 +243,7 @@ fn every_gemm_path_matches_a_naive_product_and_the_portable_kernel() {
     let mut rng = Rng::new(7);
     // Odd sizes, depths over one block (512) and not a multiple of 4, widths over one block
     // (384), rows over one block (144), and the degenerate ones.
-    let shapes = [(1, 1, 1), (1, 7, 1), (5, 3, 2), (13, 17, 33), (12, 64, 32), (31, 129, 47), (145, 301, 70), (3, 1100, 9), (150, 41, 500), (40, 2051, 33), (7, 0, 5), (0, 5, 3)];
+    let shapes = [(1, 1, 1), (1, 7, 1), (5, 3, 2), (13, 17, 33), (12, 64, 32), (31, 129, 47), (145, 301, 70), (3, 1100, 9), (150, 41, 500), (40, 2051, 33), (20, 1100, 64), (7, 0, 5), (0, 5, 3)];
     let types = [(Int8::U8, Int8::I8), (Int8::U8, Int8::U8), (Int8::I8, Int8::I8), (Int8::I8, Int8::U8)];
     let mut checked = vec![];
     for isa in Isa::ALL {
@@ -243,6 +271,20 @@ fn every_gemm_path_matches_a_naive_product_and_the_portable_kernel() {
             assert_eq!(got, want, "{what}: differs from the naive product");
             assert_eq!(run(isa, true), want, "{what}, parallel: differs from the naive product");
             assert_eq!(got, run(Isa::Portable, false), "{what}: differs from the portable kernel");
+            // The same A produced on demand (as convolutions produce their im2col rows), with
+            // the output going through a caller's output stage instead of in place.
+            let src = Rows { a: &a, k };
+            let pb = PackedB::pack(isa, bt, &b, k, n, n, 1);
+            let g = Gemm { m, a: ASource::Fill(&src), a_type: at, a_zp: zps(&a_zp), b: &pb, b_zp: zps(&b_zp) };
+            let out = std::sync::Mutex::new(vec![i32::MIN; m * n]);
+            qforge_runtime::qgemm::gemm(&g, &|blk| {
+                let mut o = out.lock().unwrap();
+                for r in 0..blk.rows {
+                    let at = (blk.row0 + r) * n + blk.col0;
+                    o[at..at + blk.cols].copy_from_slice(blk.row(r));
+                }
+            }, true);
+            assert_eq!(out.into_inner().unwrap(), want, "{what}, rows filled on demand: differs from the naive product");
         }
     }
     // B given transposed (n x k) packs to the same product.
@@ -395,6 +437,8 @@ struct ConvCase {
     auto_pad: Option<&'static str>,
 }
 
+/// Convolutions covering groups, depthwise, strides, pads, dilations, 1-D, `auto_pad`,
+/// pointwise and a depth over one GEMM block.
 fn conv_cases() -> Vec<ConvCase> {
     let c2 = |n, c, m, group, input: [usize; 2], kernel: [usize; 2], strides: [usize; 2], dilations: [usize; 2], pads: [usize; 4]| ConvCase {
         n, c, m, group, input: input.to_vec(), kernel: kernel.to_vec(), strides: strides.to_vec(), dilations: dilations.to_vec(), pads: pads.to_vec(), auto_pad: None,
@@ -420,6 +464,7 @@ fn conv_cases() -> Vec<ConvCase> {
     v
 }
 
+/// The node attributes of a case.
 fn conv_attrs(c: &ConvCase) -> Vec<(&'static str, Attr)> {
     let ints = |v: &[usize]| Attr::Ints(v.iter().map(|&x| x as i64).collect());
     let mut a = vec![("group", Attr::Int(c.group as i64)), ("strides", ints(&c.strides)), ("dilations", ints(&c.dilations)), ("kernel_shape", ints(&c.kernel))];
@@ -430,10 +475,12 @@ fn conv_attrs(c: &ConvCase) -> Vec<(&'static str, Attr)> {
     a
 }
 
+/// The input shape of a case.
 fn x_shape(c: &ConvCase) -> Vec<usize> {
     [vec![c.n, c.c], c.input.clone()].concat()
 }
 
+/// The weight shape of a case.
 fn w_shape(c: &ConvCase) -> Vec<usize> {
     [vec![c.m, c.c / c.group], c.kernel.clone()].concat()
 }
@@ -835,7 +882,8 @@ fn the_requantization_multiplier_follows_onnx_runtimes_order() {
     }
     // QGemm computes ((alpha * a_scale) * b_scale) / y_scale.
     let four = |s: &[f32]| (s[0] * 10.0, s[1], s[2], s[0] * 10.0 * s[1] * s[2] / (0.0005 + s[3] * 0.02));
-    let alts4: [fn(f32, f32, f32, f32) -> f32; 4] = [
+    type Order4 = fn(f32, f32, f32, f32) -> f32;
+    let alts4: [Order4; 4] = [
         |al, x, w, y| al * (x * w / y),
         |al, x, w, y| al * (x * w) / y,
         |al, x, w, y| (al * x) * (w / y),

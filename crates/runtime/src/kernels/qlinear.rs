@@ -60,6 +60,7 @@ fn int8_of<'a>(t: &'a Tensor, what: &str) -> RuntimeResult<(Int8, &'a [u8])> {
     Ok((kind, t.raw_bytes().expect("8-bit tensors have bytes")))
 }
 
+/// The ONNX element type of an 8-bit operand type.
 fn dtype_of(t: Int8) -> DType {
     match t {
         Int8::U8 => DType::U8,
@@ -67,8 +68,8 @@ fn dtype_of(t: Int8) -> DType {
     }
 }
 
-/// The values of a zero point tensor, which must have `data`'s element type (zeros, one per
-/// `count`, when it is omitted).
+/// The values of a zero point tensor, which must have `data`'s element type (a single 0
+/// when it is omitted).
 fn zero_points(zp: Option<&Tensor>, data: Int8, what: &str, of: &str) -> RuntimeResult<Vec<i32>> {
     let Some(z) = zp else { return Ok(vec![0]) };
     if z.dtype() != dtype_of(data) {
@@ -173,6 +174,8 @@ struct Batched {
 }
 
 impl Batched {
+    /// The product of A and B of these shapes (1-D operands promoted as numpy does), or an
+    /// error when the inner dimensions differ or the batch dimensions do not broadcast.
     fn new(ashape: &[usize], bshape: &[usize]) -> RuntimeResult<Batched> {
         if ashape.is_empty() || bshape.is_empty() {
             return Err(kernel_error(format!("matrix product operands must have rank at least 1, got {ashape:?} and {bshape:?}")));
@@ -253,6 +256,7 @@ fn pack_const(info: &NodeInfo, i: usize, isa: Isa) -> Option<Arc<Packed>> {
     Some(Arc::new(Packed { shape: b.shape().to_vec(), dtype: b.dtype(), mats }))
 }
 
+/// Which matrix-product operator a [`QMatMul`] implements.
 #[derive(Clone, Copy, PartialEq)]
 enum MatMulKind {
     Integer,
@@ -266,24 +270,28 @@ struct QMatMul {
     packed: Option<Arc<Packed>>,
 }
 
+/// `MatMulInteger`: B is packed now when it is a constant.
 fn matmul_integer(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let isa = Isa::best();
     Ok(Box::new(QMatMul { kind: MatMulKind::Integer, isa, packed: pack_const(info, 1, isa) }))
 }
 
+/// `QLinearMatMul`: B is packed now when it is a constant; opset 21 accepts half-precision
+/// scales.
 fn qlinear_matmul(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let isa = Isa::best();
     Ok(Box::new(QMatMul { kind: MatMulKind::QLinear { half_scales: info.opset >= 21 }, isa, packed: pack_const(info, 3, isa) }))
 }
 
 /// Where the requantized or integer results of one product go.
-enum MatOut {
-    I32(SharedOut<i32>),
-    U8(SharedOut<u8>, i32),
-    I8(SharedOut<i8>, i32),
+enum MatOut<'a> {
+    I32(SharedOut<'a, i32>),
+    U8(SharedOut<'a, u8>, i32),
+    I8(SharedOut<'a, i8>, i32),
 }
 
 impl QMatMul {
+    /// The input index of B.
     fn b_index(&self) -> usize {
         if self.kind == MatMulKind::Integer { 1 } else { 3 }
     }
@@ -394,7 +402,6 @@ impl Kernel for QMatMul {
                 }
             }
         }
-        drop(sink);
         Ok(vec![match (self.kind, y_zp.0) {
             (MatMulKind::Integer, _) => tensor(&d.out_shape, out_i32)?,
             (_, Int8::U8) => tensor(&d.out_shape, out_u8)?,
@@ -428,6 +435,7 @@ struct QGemmOp {
     packed: Option<Arc<Packed>>,
 }
 
+/// `com.microsoft` `QGemm`: reads `alpha`, `transA`, `transB`; a constant 2-D B is packed now.
 fn qgemm_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let isa = Isa::best();
     let (trans_a, trans_b) = (info.attr_int("transA", 0) != 0, info.attr_int("transB", 0) != 0);
@@ -451,6 +459,8 @@ enum Bias<'a> {
 }
 
 impl Bias<'_> {
+    /// Reads an int32 `C` of shape `[]`, `[1]`, `[N]`, `[1, N]`, `[M, 1]` or `[M, N]` (any
+    /// one-element shape of rank up to 2 counts as a scalar).
     fn of<'a>(c: Option<&'a Tensor>, m: usize, n: usize) -> RuntimeResult<Bias<'a>> {
         let Some(c) = c else { return Ok(Bias::None) };
         let v = c.as_slice::<i32>().map_err(|_| kernel_error(format!("C must be int32, got {}", c.dtype())))?;
@@ -550,10 +560,8 @@ impl Kernel for QGemmOp {
         };
         let g = Gemm { m, a: ASource::Rows { data: a_rows, lda: k }, a_type: at, a_zp: ZeroPoints::Tensor(a_zp[0]), b: pb, b_zp: zp_arg(&b_zp) };
         let scale = scale_arg(&mult);
-        fn run<T: Send>(g: &Gemm, m: usize, n: usize, bias: Bias, f: impl Fn(&[i32], Scale, &mut [T]) + Sync, scale: Scale) -> Vec<T>
-        where
-            T: Default + Clone,
-        {
+        /// The `m x n` output: each finished row of the product plus the bias, converted by `f`.
+        fn run<T: Send + Default + Clone>(g: &Gemm, m: usize, n: usize, bias: Bias, f: impl Fn(&[i32], Scale, &mut [T]) + Sync, scale: Scale) -> Vec<T> {
             let mut out = vec![T::default(); m * n];
             let o = SharedOut::new(&mut out);
             gemm(g, &|mut blk: Block| {
@@ -596,6 +604,7 @@ fn transpose_bytes(src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
 // ConvInteger and QLinearConv
 // ---------------------------------------------------------------------------------------
 
+/// Which convolution operator a [`QConv`] implements.
 #[derive(Clone, Copy, PartialEq)]
 enum ConvKind {
     Integer,
@@ -619,14 +628,18 @@ struct QConv {
     weights: Option<Arc<ConvWeights>>,
 }
 
+/// `ConvInteger` (weights at input 1).
 fn conv_integer(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     qconv(info, ConvKind::Integer, 1)
 }
 
+/// `QLinearConv` (weights at input 3).
 fn qlinear_conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     qconv(info, ConvKind::QLinear, 3)
 }
 
+/// Reads the window attributes and `group` (an error names the node when it is below 1), and
+/// packs constant 1-D/2-D weights per group unless the convolution is depthwise.
 fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<dyn Kernel>> {
     let window = Window::from_node(info)?;
     let group = info.attr_int("group", 1);
@@ -661,12 +674,14 @@ struct ConvGeometry {
 }
 
 impl ConvGeometry {
+    /// The geometry of weights of shape `w` (`[M, C/group, (kh,) kw]`, rank 3 or 4).
     fn weights(w: &[usize], group: usize) -> ConvGeometry {
         let one_d = w.len() == 3;
         let (kh, kw) = if one_d { (1, w[2]) } else { (w[2], w[3]) };
         ConvGeometry { m: w[0], mg: w[0] / group, cg: w[1], kh, kw }
     }
 
+    /// Whether each output channel reads exactly one input channel of its own.
     fn depthwise_shape(&self) -> bool {
         self.cg == 1 && self.mg == 1
     }
@@ -897,6 +912,9 @@ impl Kernel for QConv {
             return Err(kernel_error(format!("x has {c} channels, w has shape {ws:?}: with group {group}, w must be [M, {}, ...] with M a multiple of {group}", c / group.max(1))));
         }
         let geo = ConvGeometry::weights(ws, group);
+        if geo.kh == 0 || geo.kw == 0 {
+            return Err(kernel_error(format!("w of shape {ws:?} has an empty kernel")));
+        }
         if let Some(ks) = &self.window.kernel {
             let want: Vec<usize> = if one_d { vec![geo.kw] } else { vec![geo.kh, geo.kw] };
             if *ks != want {
@@ -1006,6 +1024,8 @@ fn input_or_none<'a>(ins: &[Option<&'a Tensor>], i: usize, required: bool) -> Ru
 /// transposed into the NCHW output starting at `base` (the group's first channel), channel
 /// stride `plane`.
 fn conv_gemm(g: &Gemm, rq: Option<&Requant>, out: &mut ConvOut, base: usize, plane: usize, oc0: usize) {
+    /// Runs the product, `convert`s each block to `rows x cols` outputs and writes them
+    /// transposed (channel-major) into `out` at `base`.
     fn store<T: Copy + Default + Send>(g: &Gemm, out: &mut [T], base: usize, plane: usize, convert: impl Fn(&mut Block, &mut [T]) + Sync) {
         let o = SharedOut::new(out);
         gemm(g, &|mut blk: Block| {
@@ -1082,9 +1102,20 @@ fn depthwise_nhwc(x: &[u8], c: usize, xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w
             wq[t * c + ch] = widen(w[ch * taps + t], wt) - z;
         }
     }
-    let dw = DepthwiseRows { x, c, h, wa, wq: &wq, x_zp, signed: xt == Int8::I8 };
+    let mut wtile = vec![];
+    if wa.stride == 1 && c > 0 {
+        wtile.reserve(taps * ow * c);
+        for t in wq.chunks(c) {
+            for _ in 0..ow {
+                wtile.extend_from_slice(t);
+            }
+        }
+    }
+    let dw = DepthwiseRows { x, c, h, wa, wq: &wq, wtile: &wtile, x_zp, signed: xt == Int8::I8 };
     let scale = rq.map(|r| if r.mult.len() == 1 { Scale::Tensor(r.mult[0]) } else { Scale::Each(&r.mult) });
     let bias = rq.and_then(|r| r.bias.as_deref());
+    /// Computes every output row in parallel and hands its `ow x c` sums to `finish` with the
+    /// row's channels-last output.
     fn rows<T: Copy + Default + Send + Sync>(dw: &DepthwiseRows, ow: usize, c: usize, out: &mut [T], finish: impl Fn(&[i32], &mut [T]) + Sync) {
         out.par_chunks_mut(ow * c).enumerate().for_each_init(Vec::new, |acc: &mut Vec<i32>, (oy, dst)| {
             acc.clear();
@@ -1137,6 +1168,9 @@ struct DepthwiseRows<'a> {
     wa: Axis,
     /// Weights minus their zero points, tap-major: `wq[tap * c + ch]`.
     wq: &'a [i32],
+    /// For stride 1: each tap's weights repeated for every output column,
+    /// `wtile[(tap * ow + ox) * c + ch]`; empty otherwise.
+    wtile: &'a [i32],
     x_zp: i32,
     signed: bool,
 }
@@ -1166,9 +1200,20 @@ impl DepthwiseRows<'_> {
         self.row_body(oy, acc)
     }
 
+    /// [`DepthwiseRows::row`]'s loops: per kernel tap, the output columns whose input column is
+    /// inside the image (stride 1: one flat run against the tap's tiled weights).
     #[inline(always)]
     fn row_body(&self, oy: usize, acc: &mut [i32]) {
         let (h, wa, c) = (self.h, self.wa, self.c);
+        let (ow, s) = (wa.output, wa.stride);
+        let zp = self.x_zp;
+        let mac = |a: &mut [i32], x: &[u8], w: &[i32]| {
+            if self.signed {
+                a.iter_mut().zip(x).zip(w).for_each(|((a, &x), &w)| *a = a.wrapping_add((x as i8 as i32 - zp).wrapping_mul(w)));
+            } else {
+                a.iter_mut().zip(x).zip(w).for_each(|((a, &x), &w)| *a = a.wrapping_add((x as i32 - zp).wrapping_mul(w)));
+            }
+        };
         for ki in 0..h.kernel {
             let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
             if iy < 0 || iy >= h.input as isize {
@@ -1176,23 +1221,25 @@ impl DepthwiseRows<'_> {
             }
             let line = &self.x[iy as usize * wa.input * c..(iy as usize + 1) * wa.input * c];
             for kj in 0..wa.kernel {
-                let wt = &self.wq[(ki * wa.kernel + kj) * c..(ki * wa.kernel + kj + 1) * c];
+                let tap = ki * wa.kernel + kj;
+                // Output columns whose input column `ox * s + off` is inside the row.
                 let off = (kj * wa.dilation) as isize - wa.pad_begin as isize;
-                for ox in 0..wa.output {
-                    let ix = (ox * wa.stride) as isize + off;
-                    if ix < 0 || ix >= wa.input as isize {
-                        continue;
-                    }
-                    let xv = &line[ix as usize * c..(ix as usize + 1) * c];
-                    let a = &mut acc[ox * c..(ox + 1) * c];
-                    if self.signed {
-                        for ((a, &x), &w) in a.iter_mut().zip(xv).zip(wt) {
-                            *a = a.wrapping_add((x as i8 as i32 - self.x_zp).wrapping_mul(w));
-                        }
-                    } else {
-                        for ((a, &x), &w) in a.iter_mut().zip(xv).zip(wt) {
-                            *a = a.wrapping_add((x as i32 - self.x_zp).wrapping_mul(w));
-                        }
+                let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(s) }.min(ow);
+                let hi = if (wa.input as isize) <= off { 0 } else { ((wa.input as isize - off - 1) as usize / s + 1).min(ow) };
+                if lo >= hi {
+                    continue;
+                }
+                if s == 1 {
+                    // Consecutive output columns read consecutive input columns: one flat
+                    // run against the tap's weights tiled across the row.
+                    let from = (lo as isize + off) as usize * c;
+                    let len = (hi - lo) * c;
+                    mac(&mut acc[lo * c..hi * c], &line[from..from + len], &self.wtile[tap * ow * c..tap * ow * c + len]);
+                } else {
+                    let wt = &self.wq[tap * c..(tap + 1) * c];
+                    for ox in lo..hi {
+                        let ix = (ox as isize * s as isize + off) as usize;
+                        mac(&mut acc[ox * c..(ox + 1) * c], &line[ix * c..(ix + 1) * c], wt);
                     }
                 }
             }

@@ -107,6 +107,18 @@ fn cvt(v: f32) -> i32 {
     }
 }
 
+/// `cvt(v)` saturated to `T` (out-of-range and NaN `v` give `T::MIN`, as `cvtps2dq`'s
+/// integer minimum does), computed without a rounding call: `v` is clamped to `T`'s range
+/// first (its bounds are integers, so rounding then clamping gives the same), then rounded to
+/// nearest even by adding 1.5 * 2^23, which vectorizes.
+#[inline(always)]
+fn saturate<T: Q8>(v: f32) -> T {
+    let in_range = (-2_147_483_648.0..2_147_483_648.0).contains(&v);
+    const MAGIC: f32 = 12_582_912.0;
+    let r = (v.max(T::MIN as f32).min(T::MAX as f32) + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32;
+    T::put(if in_range { r } else { T::MIN })
+}
+
 /// The value of a scale input: a float32 scalar or one-element 1-D tensor.
 fn scale_of(t: &Tensor, what: &str) -> RuntimeResult<f32> {
     if t.dtype() != DType::F32 {
@@ -194,6 +206,56 @@ fn a_is_broadcast_innermost(a: &[usize], out: &[usize]) -> bool {
     }
 }
 
+/// `f` with numpy broadcasting, as [`binary`] computes it, with fast loops compiled for AVX2
+/// and FMA (so `mul_add` is one fused instruction, not a call) when the shapes are equal or one
+/// input is constant over each contiguous run of the other (per-channel scales of a
+/// `[N, C, H, W]` tensor by `[N, C, 1, 1]`); other broadcasts go through [`binary`].
+fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send>(a: &[T], ashape: &[usize], b: &[T], bshape: &[usize], f: impl Fn(T, T) -> O + Sync + Copy) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
+    let shape = broadcast_shape(ashape, bshape)?;
+    let n: usize = shape.iter().product();
+    /// Elements of `shape` per element of `part`, when `part` (right-aligned) equals `shape` up
+    /// to some axis and is 1 after it.
+    fn run_length(part: &[usize], shape: &[usize]) -> Option<usize> {
+        let full: Vec<usize> = std::iter::repeat_n(1, shape.len() - part.len()).chain(part.iter().copied()).collect();
+        let k = full.iter().zip(shape).position(|(p, s)| p != s).unwrap_or(shape.len());
+        full[k..].iter().all(|&d| d == 1).then(|| shape[k..].iter().product())
+    }
+    let mut out = vec![O::default(); n];
+    if n == 0 {
+        return Ok((out, shape));
+    }
+    if a.len() == n && b.len() == n && ashape.iter().product::<usize>() == n && run_length(ashape, &shape) == Some(1) && run_length(bshape, &shape) == Some(1) {
+        with_fma(#[inline(always)] || out.iter_mut().zip(a).zip(b).for_each(|((o, &x), &y)| *o = f(x, y)));
+    } else if a.len() == n && run_length(ashape, &shape) == Some(1) && run_length(bshape, &shape).is_some() {
+        let inner = run_length(bshape, &shape).unwrap();
+        with_fma(#[inline(always)] || out.chunks_mut(inner).zip(a.chunks(inner)).zip(b).for_each(|((o, xs), &y)| o.iter_mut().zip(xs).for_each(|(o, &x)| *o = f(x, y))));
+    } else if b.len() == n && run_length(bshape, &shape) == Some(1) && run_length(ashape, &shape).is_some() {
+        let inner = run_length(ashape, &shape).unwrap();
+        with_fma(#[inline(always)] || out.chunks_mut(inner).zip(b.chunks(inner)).zip(a).for_each(|((o, ys), &x)| o.iter_mut().zip(ys).for_each(|(o, &y)| *o = f(x, y))));
+    } else {
+        return binary(a, ashape, b, bshape, f);
+    }
+    Ok((out, shape))
+}
+
+/// Runs `body` compiled for AVX2 and FMA when the CPU has both (it must be inlined into the
+/// wrapper for that, hence `#[inline(always)]` on the closures' callers).
+#[inline(always)]
+fn with_fma(body: impl FnOnce()) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma(body: impl FnOnce()) {
+            body()
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
+            return unsafe { fma(body) };
+        }
+    }
+    body()
+}
+
 /// `QLinearAdd` and `QLinearMul` (`com.microsoft`): numpy broadcasting of `A` and `B`, all
 /// three tensors of one 8-bit type; see the module documentation for the arithmetic.
 fn qlinear_binary(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -225,21 +287,21 @@ fn qlinear_binary(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                 let (za, zb, zc) = (p.za as f32, p.zb as f32, p.zc as f32);
                 if a_is_broadcast_innermost(a.shape(), &out_shape) {
                     let fixed = zc - rb.mul_add(zb, ra * za);
-                    binary(av, a.shape(), bv, b.shape(), |x: T, y: T| {
-                        T::put(cvt((y.get() as f32).mul_add(rb, (x.get() as f32).mul_add(ra, fixed))).clamp(T::MIN, T::MAX))
+                    broadcast_fma(av, a.shape(), bv, b.shape(), #[inline(always)] |x: T, y: T| {
+                        saturate::<T>((y.get() as f32).mul_add(rb, (x.get() as f32).mul_add(ra, fixed)))
                     })?
                 } else {
                     let fixed = zc - ra.mul_add(za, rb * zb);
-                    binary(av, a.shape(), bv, b.shape(), |x: T, y: T| {
-                        T::put(cvt((x.get() as f32).mul_add(ra, (y.get() as f32).mul_add(rb, fixed))).clamp(T::MIN, T::MAX))
+                    broadcast_fma(av, a.shape(), bv, b.shape(), #[inline(always)] |x: T, y: T| {
+                        saturate::<T>((x.get() as f32).mul_add(ra, (y.get() as f32).mul_add(rb, fixed)))
                     })?
                 }
             } else {
                 let ratio = p.sa * p.sb / p.sc;
                 let zc = p.zc as f32;
-                binary(av, a.shape(), bv, b.shape(), |x: T, y: T| {
+                broadcast_fma(av, a.shape(), bv, b.shape(), #[inline(always)] |x: T, y: T| {
                     let prod = (x.get() - p.za) * (y.get() - p.zb);
-                    T::put(cvt(prod as f32 * ratio + zc).clamp(T::MIN, T::MAX))
+                    saturate::<T>(prod as f32 * ratio + zc)
                 })?
             };
             tensor(&shape, out)

@@ -25,6 +25,7 @@ use super::Epilogue;
 /// hold 16 (`col`, `bz`) and `R` (`row`) values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, c: *mut i32, ldc: usize, acc: bool, epi: Option<&Epilogue>) {
     let mut sum = [[_mm256_setzero_si256(); 2]; R];
     let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));

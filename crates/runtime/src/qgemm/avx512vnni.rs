@@ -22,6 +22,7 @@ use super::Epilogue;
 /// `epi`'s pointers must hold 32 (`col`, `bz`) and `R` (`row`) values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, c: *mut i32, ldc: usize, acc: bool, epi: Option<&Epilogue>) {
     let mut sum = [[_mm512_setzero_si512(); 2]; R];
     let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));

@@ -6,22 +6,25 @@
 //!
 //! `C[i][j] = sum_k a'b' - a_zp'_i colsum_j - b_zp'_j rowsum_i + k a_zp'_i b_zp'_j`
 //!
-//! with `rowsum` the sums of A's stored rows (computed while A is packed), `colsum` the sums
-//! of B's stored columns (computed once when B is packed), and `'` marking values after the
-//! shift a kernel family applies (see [`pack`]). All arithmetic is in wrapping `i32`, so every
-//! path gives the same integers, equal to the exact product modulo 2^32.
+//! with `rowsum` the sums of A's stored rows (computed while a block of A is prepared),
+//! `colsum` the sums of B's stored columns (computed once when B is packed), and `'` marking
+//! values after the shift a kernel family applies (see [`PackedB`] and the `pack` module).
+//! All arithmetic is in wrapping `i32`, so every path gives the same integers, equal to the
+//! exact product modulo 2^32.
 //!
 //! * Kernels: AVX-512 VNNI (`vpdpbusd`, tiles of 12 x 32), AVX2 (`vpmaddwd` on 16-bit values,
-//!   6 x 16) and a portable scalar one, chosen at run time ([`Isa::best`]) or forced.
-//! * Blocking: A is packed per block of `MC` rows and `KC` depths into panels that stay in
-//!   L2 while a B panel (`KC x NR`, 16 KiB) stays in L1; the accumulators of an `MC x NC`
-//!   block live in a per-thread tile, corrected and handed to the caller's output stage as
-//!   soon as the block's last depth is done, while it is in cache.
-//! * Parallelism: blocks of rows and columns are spread over the current rayon pool.
-//!
-//! A per-row A zero point (MatMulInteger's `[M]` form) and per-column B zero points are
-//! supported; the output stage ([`requantize`], [`scale_to_f32`]) matches ONNX Runtime bit
-//! for bit.
+//!   6 x 16; `vpmaddubsw` is avoided because its 16-bit pair sums saturate) and a portable
+//!   scalar one, chosen at run time ([`Isa::best`]) or forced by packing B for a family.
+//! * Blocking: the product runs in blocks of `MC = 144` rows by `NC = 256` columns, each over
+//!   depth blocks of 512 bytes per row (`KC`; 512 u8 or 256 i16). A block's rows of A are read
+//!   in place when they already are in stored form (u8 activations for VNNI), else copied
+//!   into a per-thread buffer (shifted, widened, or unfolded from an image by a [`FillRows`]
+//!   source); the L2-resident rows then meet one `KC x NR` B panel (16 KiB) at a time in L1.
+//! * The zero point terms are added by the kernels to their registers after the last depth
+//!   block (with one A zero point; a per-row A zero point is applied in a pass over the
+//!   block), so a finished block is handed to the caller's output stage ([`requantize_block`],
+//!   [`scale_to_f32`], or in place for `i32` output, [`gemm_i32`]) while it is in cache.
+//! * Parallelism: blocks are spread over the current rayon pool.
 
 mod avx2;
 mod avx512vnni;
@@ -123,6 +126,7 @@ pub enum ZeroPoints<'a> {
 }
 
 impl ZeroPoints<'_> {
+    /// The zero point of row or column `i`.
     #[inline(always)]
     fn at(&self, i: usize) -> i32 {
         match self {
@@ -130,6 +134,7 @@ impl ZeroPoints<'_> {
             ZeroPoints::Each(v) => v[i],
         }
     }
+    /// Whether the zero points fit `n` rows or columns.
     fn len_ok(&self, n: usize) -> bool {
         match self {
             ZeroPoints::Tensor(_) => true,
@@ -204,7 +209,7 @@ enum Output<'a> {
     /// Handed to the caller's output stage.
     Sink(&'a (dyn Fn(Block) + Sync)),
     /// Written into a row-major `i32` matrix with row stride `ldc`.
-    Direct(SharedOut<i32>, usize),
+    Direct(SharedOut<'a, i32>, usize),
 }
 
 /// Per-thread buffers, reused across blocks.
@@ -461,30 +466,32 @@ impl Plan<'_> {
     }
 }
 
-/// A shared output buffer that the blocks of one product write to from several threads.
-/// Each block writes a disjoint set of elements, which is what makes it sound; the type only
-/// carries the pointer across threads.
-pub struct SharedOut<T> {
+/// A shared output buffer that the blocks of one product write to from several threads,
+/// holding the buffer's exclusive borrow for its lifetime. Each block writes a disjoint set
+/// of elements, which is what makes it sound; the type only carries the pointer across
+/// threads.
+pub struct SharedOut<'a, T> {
     ptr: *mut T,
     len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: the wrapper hands out raw access only through `unsafe` methods whose callers
 // guarantee disjoint writes; `T: Send` values may be written from other threads.
-unsafe impl<T: Send> Send for SharedOut<T> {}
-unsafe impl<T: Send> Sync for SharedOut<T> {}
+unsafe impl<T: Send> Send for SharedOut<'_, T> {}
+unsafe impl<T: Send> Sync for SharedOut<'_, T> {}
 
-impl<T> SharedOut<T> {
-    /// Wraps `out` for the duration of its borrow (the wrapper must not outlive it).
-    pub fn new(out: &mut [T]) -> SharedOut<T> {
-        SharedOut { ptr: out.as_mut_ptr(), len: out.len() }
+impl<'a, T> SharedOut<'a, T> {
+    /// Wraps `out`, borrowing it exclusively while the wrapper lives.
+    pub fn new(out: &'a mut [T]) -> SharedOut<'a, T> {
+        SharedOut { ptr: out.as_mut_ptr(), len: out.len(), _borrow: std::marker::PhantomData }
     }
 
     /// A pointer to element `start`, checking that `start..start + span` is inside the buffer.
     ///
     /// # Safety
-    /// As for [`SharedOut::slice`]: the buffer must still be borrowed by the caller, and
-    /// writes through the pointer must not overlap other live writes.
+    /// Writes through the pointer must stay inside `start..start + span` and must not overlap
+    /// other live writes or references to the same elements.
     pub unsafe fn ptr(&self, start: usize, span: usize) -> *mut T {
         assert!(start + span <= self.len, "output range {start}..{} out of {}", start + span, self.len);
         self.ptr.add(start)
@@ -493,8 +500,7 @@ impl<T> SharedOut<T> {
     /// Elements `start..start + len` of the buffer.
     ///
     /// # Safety
-    /// The buffer the wrapper was made from must still be borrowed by the caller, and no
-    /// other live slice from this wrapper may overlap the range.
+    /// No other live slice or pointer write from this wrapper may overlap the range.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         assert!(start + len <= self.len, "output range {start}..{} out of {}", start + len, self.len);

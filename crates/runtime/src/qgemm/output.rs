@@ -27,7 +27,9 @@ impl<'a> Scale<'a> {
 
 /// An 8-bit output element.
 pub trait Out8: Copy + Default + Send + Sync + 'static {
+    /// The smallest value.
     const MIN: i32;
+    /// The largest value.
     const MAX: i32;
     /// `v` must be in `MIN..=MAX`.
     fn from_i32(v: i32) -> Self;
@@ -53,6 +55,7 @@ impl Out8 for i8 {
 
 /// `1.5 * 2^23`: adding it rounds any `|v| <= 2^22` to an integer in the low mantissa bits.
 const MAGIC: f32 = 12_582_912.0;
+/// The bit pattern of [`MAGIC`].
 const MAGIC_BITS: i32 = 0x4B40_0000;
 
 /// `round_half_even(min(max(v, lo), hi))` as an integer, with `maxps`/`minps` semantics (a
@@ -64,6 +67,7 @@ fn clamp_round(v: f32, lo: f32, hi: f32) -> i32 {
     (v + MAGIC).to_bits() as i32 - MAGIC_BITS
 }
 
+/// [`requantize`]'s loop.
 #[inline(always)]
 fn requantize_body<T: Out8>(acc: &[i32], scale: Scale, zero_point: i32, out: &mut [T]) {
     let (lo, hi) = ((T::MIN - zero_point) as f32, (T::MAX - zero_point) as f32);
@@ -81,6 +85,7 @@ fn requantize_body<T: Out8>(acc: &[i32], scale: Scale, zero_point: i32, out: &mu
     }
 }
 
+/// [`requantize_block`]'s loops (same contract).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn requantize_block_body<T: Out8>(acc: &[i32], ld: usize, rows: usize, cols: usize, bias: Option<&[i32]>, scale: Scale, zero_point: i32, out: *mut T, ld_out: usize) {
@@ -137,6 +142,7 @@ pub unsafe fn requantize_block<T: Out8>(acc: &[i32], ld: usize, rows: usize, col
     requantize_block_body(acc, ld, rows, cols, bias, scale, zero_point, out, ld_out)
 }
 
+/// [`scale_to_f32`]'s loop.
 #[inline(always)]
 fn scale_body(acc: &[i32], scale: Scale, out: &mut [f32]) {
     match scale {

@@ -46,11 +46,13 @@ impl AlignedBuf {
         self.len = len;
     }
 
+    /// The buffer's bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: `Line` is 64 plain bytes without padding; `len` never exceeds the lines.
         unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.len) }
     }
 
+    /// The buffer's bytes, mutable.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `bytes`, and the borrow is exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u8, self.len) }
@@ -58,7 +60,7 @@ impl AlignedBuf {
 
     /// The buffer as `i32` values (`len` must be a multiple of 4).
     pub(crate) fn i32s_mut(&mut self) -> &mut [i32] {
-        debug_assert!(self.len % 4 == 0);
+        debug_assert!(self.len.is_multiple_of(4));
         // SAFETY: 64-byte alignment satisfies `i32`; every bit pattern is a valid `i32`.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut i32, self.len / 4) }
     }
@@ -78,6 +80,7 @@ pub(crate) struct Geometry {
 }
 
 impl Isa {
+    /// The tile and group shape of the family's kernels.
     pub(crate) fn geometry(self) -> Geometry {
         match self {
             Isa::Avx512Vnni => Geometry { mr: 12, nr: 32, kg: 4, wide: false },
@@ -138,7 +141,7 @@ impl PackedB {
             }
         };
         let bytes = data.bytes_mut();
-        for j in 0..n {
+        for (j, col_sum) in col_sums.iter_mut().enumerate() {
             let (p, c) = (j / g.nr, j % g.nr);
             let base = p * panel_bytes + c * 4;
             let mut sum = 0i32;
@@ -153,7 +156,7 @@ impl PackedB {
                     bytes[at + kk % g.kg] = stored as u8;
                 }
             }
-            col_sums[j] = sum;
+            *col_sum = sum;
         }
         PackedB { isa, dtype, k, n, kp, data, col_sums }
     }
@@ -192,8 +195,8 @@ impl PackedB {
         let g = self.isa.geometry();
         let panel_bytes = (self.kp / g.kg) * g.nr * 4;
         let off = p * panel_bytes + g0 * g.nr * 4;
-        debug_assert!(off <= self.data.bytes().len());
-        // SAFETY: `off` is within the packed data (checked in debug builds).
+        assert!(off <= self.data.bytes().len(), "panel {p}, group {g0} is outside the packed B");
+        // SAFETY: `off` is within the packed data (checked above).
         unsafe { self.data.bytes().as_ptr().add(off) }
     }
 }
@@ -210,7 +213,7 @@ fn store_row_body(src: &[u8], dst: &mut [u8], wide: bool, signed: bool, flip: bo
         for (d, &x) in head.chunks_exact_mut(2).zip(src) {
             let v = if signed { x as i8 as i16 } else { x as i16 };
             d.copy_from_slice(&v.to_le_bytes());
-            sum += v as i32;
+            sum = sum.wrapping_add(v as i32);
         }
         sum
     } else {
@@ -220,7 +223,7 @@ fn store_row_body(src: &[u8], dst: &mut [u8], wide: bool, signed: bool, flip: bo
         let mut sum = 0u32;
         for (d, &x) in head.iter_mut().zip(src) {
             *d = x ^ mask;
-            sum += *d as u32;
+            sum = sum.wrapping_add(*d as u32);
         }
         sum as i32
     }
@@ -255,6 +258,7 @@ pub(crate) fn store_row(src: &[u8], dst: &mut [u8], wide: bool, signed: bool, fl
 /// `data`), compiled for the widest vectors the CPU has.
 pub(crate) fn sum_rows_u8(data: &[u8], ld: usize, len: usize, sums: &mut [i32]) {
     assert!(sums.is_empty() || (sums.len() - 1) * ld + len <= data.len());
+    /// The portable loop.
     #[inline(always)]
     fn body(data: &[u8], ld: usize, len: usize, sums: &mut [i32]) {
         for (r, s) in sums.iter_mut().enumerate() {

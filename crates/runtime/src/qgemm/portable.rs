@@ -11,6 +11,7 @@ use super::Epilogue;
 /// `a` must hold `R` rows of `4 groups` bytes at stride `lda`, `b` `groups * 64` bytes and `c`
 /// `R` rows of 16 `i32` at stride `ldc`; `epi`'s pointers must hold 16 (`col`, `bz`) and `R`
 /// (`row`) values.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, c: *mut i32, ldc: usize, acc: bool, epi: Option<&Epilogue>) {
     let mut sum = [[0i32; 16]; R];
     let read = |p: *const u8| -> i32 { (p as *const i16).read_unaligned() as i32 };
