@@ -56,3 +56,18 @@ fn unsupported_ops_and_bad_shapes_name_the_node() {
     let e = err(s.run(vec![("a".into(), Tensor::zeros(DType::F32, &[2, 3]).unwrap()), ("b".into(), Tensor::zeros(DType::F32, &[4, 5]).unwrap())]));
     assert!(e.contains("'mm'") && e.contains("do not align"), "{e}");
 }
+
+#[test]
+fn a_conv_kernel_of_size_zero_is_an_error_naming_the_node() {
+    let mut g = Graph::new("g");
+    let x = g.add_input("x", None).unwrap();
+    let w = g.add_input("w", None).unwrap();
+    let y = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("Conv", "empty_kernel").with_inputs([x, w]).with_outputs([y])).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    let model = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 17 }], graph: g, ..Default::default() };
+    let s = Session::new(&model).unwrap();
+    let feed = vec![("x".into(), Tensor::zeros(DType::F32, &[1, 1, 4, 4]).unwrap()), ("w".into(), Tensor::zeros(DType::F32, &[1, 1, 0, 3]).unwrap())];
+    let e = err(s.run(feed));
+    assert!(e.contains("'empty_kernel'") && e.contains("kernel size 0"), "{e}");
+}

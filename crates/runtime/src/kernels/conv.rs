@@ -66,6 +66,9 @@ impl Window {
         let get = |v: &Option<Vec<usize>>, i: usize, d: usize| v.as_ref().and_then(|v| v.get(i).copied()).unwrap_or(d);
         (0..r).map(|i| {
             let (n, k, s, d) = (spatial[i], kernel[i], get(&self.strides, i, 1).max(1), get(&self.dilations, i, 1).max(1));
+            if k == 0 {
+                return Err(kernel_error(format!("kernel size 0 on spatial axis {i}; every kernel dimension must be at least 1")));
+            }
             let span = (k - 1) * d + 1;
             let (pb, pe) = match self.auto_pad.as_str() {
                 "SAME_UPPER" | "SAME_LOWER" => {
