@@ -88,6 +88,25 @@ impl DType {
         matches!(self, I8 | I16 | I32 | I64 | I4 | I2) || self.is_float()
     }
 
+    /// The inclusive value range of an integer type of at most 32 bits (`None` for other
+    /// types).
+    pub fn int_range(self) -> Option<(i64, i64)> {
+        use DType::*;
+        Some(match self {
+            U8 => (0, 255),
+            I8 => (-128, 127),
+            U16 => (0, 65535),
+            I16 => (-32768, 32767),
+            U32 => (0, u32::MAX as i64),
+            I32 => (i32::MIN as i64, i32::MAX as i64),
+            U4 => (0, 15),
+            I4 => (-8, 7),
+            U2 => (0, 3),
+            I2 => (-2, 1),
+            _ => return None,
+        })
+    }
+
     /// The ONNX spelling of the type (`"float"`, `"int8"`, ...).
     pub fn onnx_name(self) -> &'static str {
         use DType::*;

@@ -205,16 +205,7 @@ fn ints(t: &Tensor) -> Option<Vec<i64>> {
 
 /// The value range of an integer type.
 fn type_range(d: DType) -> (i64, i64) {
-    match d {
-        DType::U8 => (0, 255),
-        DType::I8 => (-128, 127),
-        DType::U16 => (0, 65535),
-        DType::I16 => (-32768, 32767),
-        DType::U4 => (0, 15),
-        DType::I4 => (-8, 7),
-        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
-        _ => (0, 0),
-    }
+    d.int_range().unwrap_or((0, 0))
 }
 
 /// A `DequantizeLinear` feeding a unit.

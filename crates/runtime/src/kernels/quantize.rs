@@ -84,20 +84,9 @@ fn check_float_type(dtype: DType, opset: i64, what: &str) -> RuntimeResult<()> {
     }
 }
 
-/// Inclusive value range of an integer quantized type.
+/// Inclusive value range of an integer quantized type (the int32 range for others).
 fn range(dtype: DType) -> (i32, i32) {
-    use DType::*;
-    match dtype {
-        U8 => (0, 255),
-        I8 => (-128, 127),
-        U16 => (0, 65535),
-        I16 => (-32768, 32767),
-        U4 => (0, 15),
-        I4 => (-8, 7),
-        U2 => (0, 3),
-        I2 => (-2, 1),
-        _ => (i32::MIN, i32::MAX),
-    }
+    dtype.int_range().filter(|_| dtype != DType::U32).map_or((i32::MIN, i32::MAX), |(lo, hi)| (lo as i32, hi as i32))
 }
 
 /// Bits per element of the packed types (4 or 2), 0 for byte-addressed types.
