@@ -134,12 +134,20 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         "p90_ms": percentile(&times, 0.9),
         "inputs": feed.iter().map(|(n, t)| json!({"name": n, "dtype": t.dtype().onnx_name(), "shape": t.shape()})).collect::<Vec<_>>(),
         "profile_ms_by_op": by_op.iter().map(|(op, ms)| json!({"op": op, "ms": ms})).collect::<Vec<_>>(),
+        "qdq_lowering": s.qdq_lowering().map(|l| json!({
+            "lowered": l.lowered.len(),
+            "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
+        })),
     });
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{}: median {median:.3} ms (p10 {:.3}, p90 {:.3}, {runs} runs, {} threads)",
             model_path.display(), report["p10_ms"].as_f64().unwrap(), report["p90_ms"].as_f64().unwrap(), report["threads"]);
+        if let Some(l) = s.qdq_lowering() {
+            println!("QDQ units run as integer operators: {}; left in float arithmetic: {}{}", l.lowered.len(), l.not_lowered.len(),
+                if l.not_lowered.is_empty() { "" } else { " (--json lists them with the reason)" });
+        }
         for (op, ms) in &by_op {
             println!("  {op:<24} {ms:>9.3} ms");
         }

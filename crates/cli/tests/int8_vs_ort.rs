@@ -1,8 +1,11 @@
-//! qforge's int8 runtime against ONNX Runtime on the real benchmark models lowered to integer
-//! operators (`quantize --format qoperator`): every integer tensor a node produces (quantized
-//! activations, int32 accumulators) is exposed as a graph output, both engines run the model
-//! on the same inputs (ONNX Runtime with graph optimizations off, so it runs the nodes as
-//! written), and the integers must be identical.
+//! qforge's int8 runtime against ONNX Runtime on the real benchmark models: every integer
+//! tensor a node produces (quantized activations, int32 accumulators) is exposed as a graph
+//! output, both engines run the model on the same inputs, and the integers must be identical.
+//! Two forms of each model are checked:
+//! * lowered to integer operators (`quantize --format qoperator`), run by ONNX Runtime with
+//!   graph optimizations off, so it runs the nodes as written;
+//! * the QDQ model (`quantize`), run by ONNX Runtime with all optimizations, so it fuses the
+//!   QDQ units into integer kernels at session build, as qforge's session does.
 
 mod common;
 
@@ -31,15 +34,15 @@ fn samples(dir: &Path, m: &RealModel, count: usize) -> Vec<String> {
     first
 }
 
-/// Quantizes `name` to integer operators and compares every integer tensor of one run in
-/// qforge and in ONNX Runtime; returns how many were compared.
-fn integers_match(name: &str) -> usize {
+/// Quantizes `name` in `format` (`qoperator` or `qdq`) and compares every integer tensor of one
+/// run in qforge and in ONNX Runtime; returns how many were compared.
+fn integers_match(name: &str, format: &str) -> usize {
     let m = real_models().into_iter().find(|m| m.name == name).unwrap_or_else(|| panic!("{name} in the test cache (run scripts/setup.sh)"));
-    let tmp = TempDir::new(&format!("int8-vs-ort-{name}"));
+    let tmp = TempDir::new(&format!("int8-vs-ort-{name}-{format}"));
     let calib = tmp.path().join("calib");
     let feeds = samples(&calib, &m, 4);
     let lowered = tmp.path().join("lowered.onnx");
-    let out = qforge(&[OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new("qoperator")]);
+    let out = qforge(&[OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new(format)]);
     assert!(out.status.success(), "{name}: quantize failed: {}", text(&out.stderr));
     let exposed_model = tmp.path().join("exposed.onnx");
     let o = oracle("expose_integers.py", &[lowered.as_os_str(), exposed_model.as_os_str()]);
@@ -47,7 +50,10 @@ fn integers_match(name: &str) -> usize {
     let exposed: Vec<String> = serde_json::from_slice(&o.stdout).unwrap();
     let inputs: Vec<String> = feeds.iter().flat_map(|f| ["--input".to_string(), f.clone()]).collect();
     let (ort_out, qf_out) = (tmp.path().join("ort.npz"), tmp.path().join("qforge.npz"));
-    let mut args: Vec<&OsStr> = vec![exposed_model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str(), OsStr::new("--no-opt")];
+    let mut args: Vec<&OsStr> = vec![exposed_model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str()];
+    if format == "qoperator" {
+        args.push(OsStr::new("--no-opt"));
+    }
     args.extend(inputs.iter().map(OsStr::new));
     let o = oracle("ort_run.py", &args);
     assert!(o.status.success(), "{name}: ONNX Runtime failed: {}", text(&o.stderr));
@@ -68,11 +74,22 @@ fn integers_match(name: &str) -> usize {
     compared
 }
 
+const MODELS: [(&str, usize); 4] = [("ocr_cls", 50), ("orientation", 50), ("ocr_det", 100), ("silero_vad_16k_op15", 5)];
+
 #[test]
 fn every_integer_tensor_of_the_lowered_benchmark_models_matches_onnx_runtime() {
-    for (name, at_least) in [("ocr_cls", 50), ("orientation", 50), ("ocr_det", 100), ("silero_vad_16k_op15", 5)] {
-        let n = integers_match(name);
+    for (name, at_least) in MODELS {
+        let n = integers_match(name, "qoperator");
         println!("{name}: {n} integer tensors identical to ONNX Runtime's");
         assert!(n >= at_least, "{name}: only {n} integer tensors compared; the lowering should give at least {at_least}");
+    }
+}
+
+#[test]
+fn qdq_benchmark_models_run_as_integer_kernels_like_onnx_runtime() {
+    for (name, at_least) in MODELS {
+        let n = integers_match(name, "qdq");
+        println!("{name} (QDQ): {n} integer tensors identical to optimized ONNX Runtime's");
+        assert!(n >= at_least, "{name}: only {n} integer tensors compared; expected at least {at_least}");
     }
 }

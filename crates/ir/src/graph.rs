@@ -193,6 +193,10 @@ pub struct Graph {
     pub(crate) by_name: HashMap<String, ValueId>,
 }
 
+/// Steps `(node, graph attribute)` from a graph to one of its nested subgraphs; empty for the
+/// graph itself.
+pub type GraphPath = Vec<(NodeId, String)>;
+
 impl Graph {
     pub fn new(name: impl Into<String>) -> Graph {
         Graph { name: name.into(), ..Default::default() }
@@ -424,6 +428,40 @@ impl Graph {
         self.by_name.insert(name.clone(), id);
         self.value_mut(id)?.name = name;
         Ok(())
+    }
+
+    /// This graph and every subgraph nested in it (If/Loop/Scan bodies, depth-first, nodes
+    /// in id order), each with its [`GraphPath`] from this graph; this graph comes first.
+    pub fn graphs(&self) -> Vec<(GraphPath, &Graph)> {
+        fn walk<'a>(g: &'a Graph, path: GraphPath, out: &mut Vec<(GraphPath, &'a Graph)>) {
+            out.push((path.clone(), g));
+            let mut nodes: Vec<_> = g.nodes().collect();
+            nodes.sort_by_key(|(id, _)| *id);
+            for (id, n) in nodes {
+                for a in &n.attrs {
+                    if let Attr::Graph(sub) = &a.value {
+                        let mut p = path.clone();
+                        p.push((id, a.name.clone()));
+                        walk(sub, p, out);
+                    }
+                }
+            }
+        }
+        let mut out = vec![];
+        walk(self, vec![], &mut out);
+        out
+    }
+
+    /// The subgraph at `path` (from [`Graph::graphs`]), mutably; `None` when the path does not
+    /// lead to a graph attribute.
+    pub fn graph_at_mut(&mut self, path: &[(NodeId, String)]) -> Option<&mut Graph> {
+        let Some(((id, attr), rest)) = path.split_first() else { return Some(self) };
+        let attrs = self.node_attrs_mut(*id).ok()?;
+        let a = attrs.iter_mut().find(|a| a.name == *attr)?;
+        match &mut a.value {
+            Attr::Graph(sub) => sub.graph_at_mut(rest),
+            _ => None,
+        }
     }
 
     /// Mutable access to a node's attributes. Subgraphs edited through this must not change

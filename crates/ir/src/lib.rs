@@ -27,7 +27,7 @@ mod types;
 pub use attr::{Attr, Attribute};
 pub use dtype::DType;
 pub use error::{IrError, IrResult};
-pub use graph::{Graph, Node, NodeId, Value, ValueId, ValueKind, CAPTURE_USE};
+pub use graph::{Graph, GraphPath, Node, NodeId, Value, ValueId, ValueKind, CAPTURE_USE};
 pub use model::{Function, Model, OpsetImport};
 
 /// ONNX Runtime's contrib-op domain (e.g. its 16- and 4-bit `QuantizeLinear` below opset 21).

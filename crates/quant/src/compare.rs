@@ -43,7 +43,7 @@ use serde::{Serialize, Serializer};
 use crate::observer::AxisLayout;
 use crate::passes::fold_constants;
 use crate::pipeline::SampleSource;
-use crate::prepare::{graph_at_mut, graphs, GraphPath};
+use qforge_ir::GraphPath;
 
 /// Errors of a comparison, each naming the model, sample or tensor concerned.
 #[derive(Debug, thiserror::Error)]
@@ -382,9 +382,9 @@ fn value_order(all: &[(GraphPath, &Graph)]) -> Result<HashMap<(usize, ValueId), 
 /// A copy of `model` with `pass` applied to every graph (the main graph first).
 fn with_pass(model: &Model, pass: impl Fn(&mut Graph) -> Result<(), String>) -> Result<Model, String> {
     let mut m = model.clone();
-    let paths: Vec<GraphPath> = graphs(&m.graph).into_iter().map(|(p, _)| p).collect();
+    let paths: Vec<GraphPath> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     for p in &paths {
-        pass(graph_at_mut(&mut m.graph, p).ok_or("a subgraph disappeared while folding")?)?;
+        pass(m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while folding")?)?;
     }
     Ok(m)
 }
@@ -523,7 +523,7 @@ fn channel_axis(gq: &Graph, dq: &Node, shape: &[usize]) -> Option<usize> {
 fn compare_weights(quant: &Model, all_f: &[(GraphPath, &Graph)], all_q: &[(GraphPath, &Graph)], graph_pairs: &[(usize, usize, String)]) -> Result<(Vec<WeightComparison>, Vec<String>), CompareError> {
     let model_error = |reason: String| CompareError::Model { model: "quantized", reason };
     let folded = dequantized(quant).map_err(&model_error)?;
-    let all_d = graphs(&folded.graph);
+    let all_d = folded.graph.graphs();
     let mut weights = vec![];
     let mut unmatched = vec![];
     for (fi, qi, label) in graph_pairs {
@@ -622,8 +622,8 @@ pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads
         return Err(CompareError::InputsDiffer { float: float_inputs, quantized: quant_inputs });
     }
 
-    let all_f = graphs(&fused.graph);
-    let all_q = graphs(&quant.graph);
+    let all_f = fused.graph.graphs();
+    let all_q = quant.graph.graphs();
     let quant_keys: Vec<Option<Vec<(String, String)>>> = all_q.iter().map(|(p, _)| graph_key(&quant.graph, p)).collect();
     let graph_pairs: Vec<(usize, usize, String)> = all_f.iter().enumerate().filter_map(|(fi, (p, _))| {
         let key = graph_key(&fused.graph, p)?;

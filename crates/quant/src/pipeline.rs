@@ -10,7 +10,7 @@ use qforge_runtime::{Session, SessionOptions};
 use crate::annotation::FloatKind;
 use crate::convert::{convert_graph, group_qparams, ConvertLog};
 use crate::passes::{fold_affine, fold_constant_scales, fold_constants};
-use crate::prepare::{graph_at_mut, graphs, QuantPlan};
+use crate::prepare::QuantPlan;
 use crate::quantizer::Quantizer;
 use crate::report::{NodeRecord, Report, ViolationRecord};
 
@@ -42,7 +42,7 @@ impl std::str::FromStr for QuantFormat {
 pub fn lower(m: &mut Model, report: &mut Report) -> Result<(), QuantizeError> {
     let log = crate::passes::lower_qoperator(m).map_err(stage("lower"))?;
     let mut ops = std::collections::BTreeMap::new();
-    for (_, g) in graphs(&m.graph) {
+    for (_, g) in m.graph.graphs() {
         for (_, n) in g.nodes() {
             *ops.entry(n.qualified_op()).or_insert(0usize) += 1;
         }
@@ -145,11 +145,11 @@ fn stage<E: std::fmt::Display>(stage: &'static str) -> impl Fn(E) -> QuantizeErr
 /// nodes folded into weights. Tools that compare a quantized model with its float original
 /// apply the same passes to the float model, so folded tensors carry the same names.
 pub fn fuse(m: &mut Model) -> Result<usize, String> {
-    let paths: Vec<_> = graphs(&m.graph).into_iter().map(|(p, _)| p).collect();
+    let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     let opsets = m.opset_imports.clone();
     let mut folded = 0;
     for p in &paths {
-        let g = graph_at_mut(&mut m.graph, p).ok_or("a subgraph disappeared while fusing")?;
+        let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
         fold_constants(g, &opsets).map_err(|e| format!("fold_constants: {e}"))?;
         fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
         folded += fold_affine(g).map_err(|e| format!("fold_affine: {e}"))?;
@@ -166,14 +166,14 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let started = Instant::now();
     let mut m = model.clone();
     let folded = fuse(&mut m).map_err(stage("fuse"))?;
-    let paths: Vec<_> = graphs(&m.graph).into_iter().map(|(p, _)| p).collect();
+    let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     for p in &paths {
-        quantizer.transform_for_annotation(graph_at_mut(&mut m.graph, p).expect("path from graphs()"));
+        quantizer.transform_for_annotation(m.graph.graph_at_mut(p).expect("path from graphs()"));
     }
     m.graph.check().map_err(stage("fuse"))?;
     qforge_ir::infer::infer_model(&mut m);
     // Annotate.
-    let all = graphs(&m.graph);
+    let all = m.graph.graphs();
     let annotated: Vec<_> = all.iter().map(|(_, g)| quantizer.annotate(g)).collect();
     if opts.strict {
         let rejected: Vec<String> = all.iter().zip(&annotated).flat_map(|((_, g), a)| {
@@ -303,7 +303,7 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     let mut need = opset_before;
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
     for gi in (0..plan.graphs.len()).rev() {
-        let g = graph_at_mut(&mut m.graph, &plan.graphs[gi].path).expect("planned path");
+        let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
         let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21)).map_err(stage("convert"))?;
         g.remove_dead_nodes();
         need = need.max(log.min_opset);

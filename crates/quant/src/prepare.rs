@@ -13,48 +13,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use qforge_ir::{Attr, Graph, NodeId, Tensor, ValueId, ValueKind};
+use qforge_ir::{Graph, GraphPath, NodeId, Tensor, ValueId, ValueKind};
 use qforge_runtime::{Hooks, ValueEvent};
 
 use crate::annotation::Annotations;
 use crate::observer::Observer;
 use crate::spec::{Edge, FixedQParams, QuantizationSpec, Spec};
 use crate::QType;
-
-/// Steps `(node, graph attribute)` from the main graph to a subgraph; empty for the main graph.
-pub type GraphPath = Vec<(NodeId, String)>;
-
-/// Every graph of a model (the main graph first, then subgraphs depth-first) with its path.
-pub fn graphs(g: &Graph) -> Vec<(GraphPath, &Graph)> {
-    fn walk<'a>(g: &'a Graph, path: GraphPath, out: &mut Vec<(GraphPath, &'a Graph)>) {
-        out.push((path.clone(), g));
-        let mut nodes: Vec<_> = g.nodes().collect();
-        nodes.sort_by_key(|(id, _)| *id);
-        for (id, n) in nodes {
-            for a in &n.attrs {
-                if let Attr::Graph(sub) = &a.value {
-                    let mut p = path.clone();
-                    p.push((id, a.name.clone()));
-                    walk(sub, p, out);
-                }
-            }
-        }
-    }
-    let mut out = vec![];
-    walk(g, vec![], &mut out);
-    out
-}
-
-/// The subgraph at `path`, mutably.
-pub fn graph_at_mut<'a>(g: &'a mut Graph, path: &[(NodeId, String)]) -> Option<&'a mut Graph> {
-    let Some(((id, attr), rest)) = path.split_first() else { return Some(g) };
-    let attrs = g.node_attrs_mut(*id).ok()?;
-    let a = attrs.iter_mut().find(|a| a.name == *attr)?;
-    match &mut a.value {
-        Attr::Graph(sub) => graph_at_mut(sub, rest),
-        _ => None,
-    }
-}
 
 /// One observer and one set of qparams, shared by the values of its points.
 #[derive(Debug, Clone)]
@@ -120,9 +85,9 @@ pub fn edge_value(g: &Graph, e: Edge) -> Option<ValueId> {
 
 impl QuantPlan {
     /// Builds groups from the annotations of every graph (`annotated[i]` belongs to
-    /// `graphs(model_graph)[i]`).
+    /// `model_graph.graphs()[i]`).
     pub fn new(main: &Graph, annotated: Vec<Annotations>) -> QuantPlan {
-        let all = graphs(main);
+        let all = main.graphs();
         // Points: (graph, value, type) with the spec that defines them and whether it is the producer's.
         let mut ids: BTreeMap<(usize, ValueId, QType), usize> = BTreeMap::new();
         let mut specs: Vec<(Spec, bool)> = vec![];

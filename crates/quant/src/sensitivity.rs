@@ -37,7 +37,8 @@ use crate::annotation::FloatKind;
 use crate::compare::{db, graph_index, Metrics, Sums};
 use crate::convert::{ConvertLog, Dequantized};
 use crate::pipeline::{calibrate, convert, convert_logged, Calibrated, QuantizeError, QuantizeOptions, SampleSource};
-use crate::prepare::{defining_value, edge_value, graphs, qtype_of, resolve, GraphPath};
+use crate::prepare::{defining_value, edge_value, qtype_of, resolve};
+use qforge_ir::GraphPath;
 use crate::quantizer::Quantizer;
 use crate::report::Report;
 use crate::spec::{Edge, Spec};
@@ -228,7 +229,7 @@ impl Hooks for Trial<'_> {
 /// The units of a calibrated plan: every observation group, then every constant input
 /// annotated `Quantize`.
 fn units(c: &Calibrated) -> Vec<Unit> {
-    let all = graphs(&c.model.graph);
+    let all = c.model.graph.graphs();
     let mut units: Vec<Unit> = (0..c.plan.groups.len()).map(|group| Unit::Activation { group }).collect();
     for (gi, gp) in c.plan.graphs.iter().enumerate() {
         let g = all[gi].1;
@@ -270,7 +271,7 @@ fn edge_node(e: Edge) -> NodeId {
 
 /// A unit's record for reports.
 fn record(c: &Calibrated, units: &[Unit], id: usize) -> UnitRecord {
-    let all = graphs(&c.model.graph);
+    let all = c.model.graph.graphs();
     let qualified = |gi: usize, name: String| if gi == 0 { name } else { format!("{}:{name}", all[gi].1.name) };
     let mut values = vec![];
     let mut nodes: Vec<(usize, NodeId)> = vec![];
@@ -305,8 +306,8 @@ impl Switchboard {
     /// Plans `qdq` (converted from `c`, with `logs`) for trials over `units`.
     fn new(c: &Calibrated, units: &[Unit], qdq: &Model, logs: &[ConvertLog], threads: usize) -> Result<Switchboard, SensitivityError> {
         let session = Session::with_folding(qdq, SessionOptions { threads }, Folding::Off).map_err(|e| SensitivityError::Model(e.to_string()))?;
-        let all_q = graphs(&qdq.graph);
-        let all_f = graphs(&c.model.graph);
+        let all_q = qdq.graph.graphs();
+        let all_f = c.model.graph.graphs();
         let paths: Vec<GraphPath> = all_q.iter().map(|(p, _)| p.clone()).collect();
         let unit_index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, u)| (*u, i)).collect();
         let mut board = Switchboard { session, paths, switches: HashMap::new(), quantizers: HashMap::new(), sources: HashSet::new(), dirty: vec![vec![]; units.len()] };
@@ -678,7 +679,7 @@ fn keep_unit_float(c: &mut Calibrated, units: &[Unit], u: usize) {
     let reason = format!("accuracy budget: {} {} returned to float", record.kind, record.values.join(", "));
     let mut cleared: Vec<(usize, Edge)> = vec![];
     {
-        let all = graphs(&c.model.graph);
+        let all = c.model.graph.graphs();
         match units[u] {
             Unit::Activation { group } => {
                 for (gi, (_, g)) in all.iter().enumerate() {
@@ -688,7 +689,7 @@ fn keep_unit_float(c: &mut Calibrated, units: &[Unit], u: usize) {
             Unit::Constant { graph, node, input } => cleared.push((graph, Edge::Input { node, index: input })),
         }
     }
-    let all = graphs(&c.model.graph);
+    let all = c.model.graph.graphs();
     for &(gi, e) in &cleared {
         let a = &mut c.plan.graphs[gi].annotations;
         if let Some(ann) = a.nodes.get_mut(&edge_node(e)) {

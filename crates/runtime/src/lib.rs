@@ -5,18 +5,22 @@
 //! * [`Hooks`]: see and replace every produced value (calibration, fake quantization).
 //! * [`Registry`]: kernels by (domain, op type, opset range), one line per op.
 //! * [`Kernel`]: a planned operator instance.
+//! * [`lower_qoperator`]: QDQ units rewritten into integer operators; sessions run QDQ models
+//!   through it, and `--format qoperator` writes its result.
 
 mod error;
 mod fuse;
 mod hooks;
 mod kernel;
 pub mod kernels;
+mod lower_qoperator;
 mod plan;
 pub mod qgemm;
 mod session;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
 pub use hooks::{Hooks, NodeEvent, ValueEvent};
+pub use lower_qoperator::{lower_qoperator, LowerError, LowerLog, Lowered, NotLowered};
 pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
 pub use plan::{opset_of, Folding, Plan, StepTime, NONDETERMINISTIC};
 pub use session::{RunValues, Session, SessionOptions};

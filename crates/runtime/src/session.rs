@@ -6,7 +6,7 @@ use qforge_ir::{Model, NodeId, Tensor, ValueId};
 
 use crate::hooks::Hooks;
 use crate::plan::{Folding, Plan, StepTime};
-use crate::{Registry, RuntimeError, RuntimeResult};
+use crate::{lower_qoperator, LowerLog, Registry, RuntimeError, RuntimeResult};
 
 /// How a session runs.
 #[derive(Debug, Clone, Default)]
@@ -31,16 +31,23 @@ impl RunValues {
 /// A model ready to run: planned once (constants folded, kernels built), with its own
 /// thread pool. Runs may use different input shapes.
 ///
-/// Runs without hooks use a second plan in which chains of f32 elementwise ops are fused
-/// (into the epilogue of the Conv that feeds them, with per-channel affine ops folded into
-/// its weights, or into one pass), sharing the kernels of the other steps; its results
-/// differ from the unfused plan's by rounding at most. Runs with hooks use the unfused plan,
-/// so hooks see every value. Setting the environment variable
-/// `QFORGE_NO_FUSION` (to anything) when a session is created turns fusion off, to compare.
+/// Runs without hooks use a second plan, built from a rewritten graph:
+/// * QDQ units (`DequantizeLinear -> Conv -> QuantizeLinear` and the other patterns of
+///   [`lower_qoperator`]) run as integer operators, as ONNX Runtime runs them, so a result may
+///   differ from the QDQ graph's float arithmetic by one quantization step where a value lies
+///   on a rounding boundary;
+/// * chains of f32 elementwise ops are fused (into the epilogue of the Conv that feeds them,
+///   with per-channel affine ops folded into its weights, or into one pass), which changes
+///   results by rounding at most.
+///
+/// Runs with hooks use the plan of the graph as given, so hooks see every value. Setting the
+/// environment variable `QFORGE_NO_FUSION` (to anything) when a session is created turns both
+/// rewrites off, to compare.
 pub struct Session {
     pub(crate) plan: Plan,
-    /// The fused plan for runs without hooks, when anything fuses.
+    /// The plan for runs without hooks, when anything lowers or fuses.
     pub(crate) fused: Option<Plan>,
+    lowering: Option<LowerLog>,
     pool: rayon::ThreadPool,
 }
 
@@ -60,11 +67,38 @@ impl Session {
     pub fn with_folding(model: &Model, opts: SessionOptions, folding: Folding) -> RuntimeResult<Session> {
         let plan = Plan::build_with(&model.graph, &model.opset_imports, Registry::builtin(), &Default::default(), folding)?;
         let fuse = folding == Folding::Constants && std::env::var_os("QFORGE_NO_FUSION").is_none();
-        let fused = if fuse { plan.fused(&model.graph, &model.opset_imports) } else { None };
+        let (fused, lowering) = if fuse { Self::fast_plan(model, &plan) } else { (None, None) };
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()
             .map_err(|e| RuntimeError::Kernel(format!("cannot start {threads} worker threads: {e}")))?;
-        Ok(Session { plan, fused, pool })
+        Ok(Session { plan, fused, lowering, pool })
+    }
+
+    /// The plan for runs without hooks, and the lowering it ran when the model has QDQ units.
+    /// QDQ units are first rewritten into integer operators ([`lower_qoperator`], as ONNX
+    /// Runtime fuses `DequantizeLinear -> op -> QuantizeLinear` groups when it builds a
+    /// session), then chains of f32 elementwise ops are fused. Falls back to the unlowered
+    /// graph when lowering changes nothing, fails, or yields a graph that does not plan.
+    fn fast_plan(model: &Model, plan: &Plan) -> (Option<Plan>, Option<LowerLog>) {
+        let has_qdq = model.graph.graphs().iter().any(|(_, g)| g.nodes().any(|(_, n)| n.domain.is_empty() && n.op_type == "DequantizeLinear"));
+        if has_qdq {
+            let mut lowered = model.clone();
+            if let Ok(log) = lower_qoperator(&mut lowered) {
+                let changed = !log.lowered.is_empty() || log.pairs_removed > 0;
+                let planned = changed.then(|| Plan::build_with(&lowered.graph, &lowered.opset_imports, Registry::builtin(), &Default::default(), Folding::Constants));
+                if let Some(Ok(lp)) = planned.filter(|p| p.as_ref().is_ok_and(|p| same_interface(p, plan))) {
+                    let fused = lp.fused(&lowered.graph, &lowered.opset_imports).unwrap_or(lp);
+                    return (Some(fused), Some(log));
+                }
+            }
+        }
+        (plan.fused(&model.graph, &model.opset_imports), None)
+    }
+
+    /// What the session's QDQ lowering did, when the model has QDQ units and runs without
+    /// hooks execute them as integer operators (see [`Session`]).
+    pub fn qdq_lowering(&self) -> Option<&LowerLog> {
+        self.lowering.as_ref()
     }
 
     /// Names of the inputs a caller must feed (inputs with defaults may be omitted).
@@ -147,4 +181,9 @@ impl Session {
         let outs = self.pool.install(|| plan.run_profiled(feeds, &no_scope, hooks, profile))?;
         Ok(self.named(outs))
     }
+}
+
+/// Whether two plans take the same inputs and give the same outputs, by name and order.
+fn same_interface(a: &Plan, b: &Plan) -> bool {
+    a.inputs.iter().map(|i| &i.name).eq(b.inputs.iter().map(|i| &i.name)) && a.outputs.iter().map(|o| &o.0).eq(b.outputs.iter().map(|o| &o.0))
 }

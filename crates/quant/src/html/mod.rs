@@ -24,7 +24,6 @@ use serde::Serialize;
 use crate::compare::{compare, CompareError, Comparison};
 use crate::observer::{AxisLayout, Histogram};
 use crate::pipeline::{fuse, FirstSamples, SampleSource};
-use crate::prepare::graphs;
 use crate::report::Report;
 use crate::QType;
 
@@ -181,7 +180,7 @@ impl Hooks for HistogramRecorder {
 /// whose range follows from their input's and weight's scales) and weights whose float
 /// initializer or `DequantizeLinear` is not found are left out.
 fn worst_weight_ranges(fused: &Model, quantized: &Model, comparison: &Comparison) -> Vec<WeightRanges> {
-    let quant_graphs = graphs(&quantized.graph);
+    let quant_graphs = quantized.graph.graphs();
     let mut stored: Vec<(usize, Vec<(f32, f32)>)> = comparison.weights.iter().enumerate().filter_map(|(i, w)| {
         let (qtype, clip) = quant_graphs.iter().find_map(|(_, g)| dequantized_range(g, &w.compared_with))?;
         (qtype != QType::S32).then_some((i, clip))
@@ -193,7 +192,7 @@ fn worst_weight_ranges(fused: &Model, quantized: &Model, comparison: &Comparison
     stored.sort_by(|a, b| key(a.0).total_cmp(&key(b.0)).then(a.0.cmp(&b.0)));
     stored.truncate(WORST_WEIGHTS);
     stored.sort_by_key(|s| s.0);
-    let float_graphs = graphs(&fused.graph);
+    let float_graphs = fused.graph.graphs();
     stored.into_iter().filter_map(|(i, clip)| {
         let w = &comparison.weights[i];
         let tensor = float_graphs.iter().find_map(|(_, g)| constant(g, &w.name))?;

@@ -32,8 +32,6 @@ use std::collections::HashMap;
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, NodeId, OpsetImport, Patch, Tensor, ValueId, ValueType, CAPTURE_USE, MS_DOMAIN};
 
-use crate::prepare::{graph_at_mut, graphs};
-
 /// A unit rewritten into integer operators.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lowered {
@@ -87,10 +85,10 @@ pub fn lower_qoperator(model: &mut Model) -> Result<LowerLog, LowerError> {
     let opset = model.opset("").ok_or_else(|| LowerError::Model("the model does not import the default ONNX domain".into()))?;
     let mut m = model.clone();
     let mut log = LowerLog::default();
-    let paths: Vec<_> = graphs(&m.graph).into_iter().map(|(p, _)| p).collect();
+    let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     for path in paths.iter().rev() {
         let outer = outer_constants(&m.graph, path);
-        let g = graph_at_mut(&mut m.graph, path).ok_or_else(|| LowerError::Model("a subgraph disappeared while lowering".into()))?;
+        let g = m.graph.graph_at_mut(path).ok_or_else(|| LowerError::Model("a subgraph disappeared while lowering".into()))?;
         lower_graph(g, &outer, opset, &mut log)?;
     }
     m.graph.check().map_err(|e| LowerError::Model(format!("the lowered graph fails its check: {e}")))?;
