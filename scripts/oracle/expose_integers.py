@@ -1,6 +1,6 @@
-"""Writes a copy of a model in which every integer tensor a node produces (uint8, int8,
-int32: quantized activations and integer accumulators) is also a graph output, so an engine's
-intermediate integer results can be compared with another's.
+"""Writes a copy of a model in which every integer tensor a node produces from run-time data
+(uint8, int8, int32: quantized activations and integer accumulators) is also a graph output,
+so an engine's intermediate integer results can be compared with another's.
 
     python scripts/oracle/expose_integers.py MODEL.onnx OUT.onnx
 
@@ -29,7 +29,13 @@ for n in g.node:
     if k is not None and len(n.input) > k and n.input[k] in init:
         types[n.output[0]] = init[n.input[k]]
 outputs = {o.name for o in g.output}
-exposed = [o for n in g.node for o in n.output if o and types.get(o) in INTEGER]
+# Values computed from constants alone (weights quantized at run time) are left alone:
+# exposing them would keep an engine from folding them into the integer operators.
+constant = set(init) | {i.name for i in g.input if i.name in init}
+for n in g.node:
+    if all(i in constant for i in n.input if i) and n.op_type != "RandomNormal":
+        constant.update(o for o in n.output if o)
+exposed = [o for n in g.node for o in n.output if o and types.get(o) in INTEGER and o not in constant]
 for o in exposed:
     if o not in outputs:
         g.output.append(helper.make_tensor_value_info(o, types[o], None))

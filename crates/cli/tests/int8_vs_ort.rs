@@ -1,11 +1,12 @@
 //! qforge's int8 runtime against ONNX Runtime on the real benchmark models: every integer
 //! tensor a node produces (quantized activations, int32 accumulators) is exposed as a graph
 //! output, both engines run the model on the same inputs, and the integers must be identical.
-//! Two forms of each model are checked:
-//! * lowered to integer operators (`quantize --format qoperator`), run by ONNX Runtime with
-//!   graph optimizations off, so it runs the nodes as written;
-//! * the QDQ model (`quantize`), run by ONNX Runtime with all optimizations, so it fuses the
-//!   QDQ units into integer kernels at session build, as qforge's session does.
+//! Three forms of each model are checked:
+//! * qforge's lowering to integer operators (`quantize --format qoperator`), run by ONNX
+//!   Runtime with graph optimizations off, so it runs the nodes as written;
+//! * qforge's QDQ model (`quantize`), run by ONNX Runtime with all optimizations, so it fuses
+//!   the QDQ units into integer kernels at session build, as qforge's session does;
+//! * ONNX Runtime's own QDQ model (its static quantizer), likewise.
 
 mod common;
 
@@ -34,16 +35,30 @@ fn samples(dir: &Path, m: &RealModel, count: usize) -> Vec<String> {
     first
 }
 
-/// Quantizes `name` in `format` (`qoperator` or `qdq`) and compares every integer tensor of one
-/// run in qforge and in ONNX Runtime; returns how many were compared.
-fn integers_match(name: &str, format: &str) -> usize {
+/// Who quantizes the model under test, and in which format.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Form {
+    QforgeQOperator,
+    QforgeQdq,
+    OrtQdq,
+}
+
+/// Quantizes `name` in `form` and compares every integer tensor of one run in qforge and in
+/// ONNX Runtime; returns how many were compared.
+fn integers_match(name: &str, form: Form) -> usize {
     let m = real_models().into_iter().find(|m| m.name == name).unwrap_or_else(|| panic!("{name} in the test cache (run scripts/setup.sh)"));
-    let tmp = TempDir::new(&format!("int8-vs-ort-{name}-{format}"));
+    let tmp = TempDir::new(&format!("int8-vs-ort-{name}-{form:?}"));
     let calib = tmp.path().join("calib");
     let feeds = samples(&calib, &m, 4);
-    let lowered = tmp.path().join("lowered.onnx");
-    let out = qforge(&[OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new(format)]);
-    assert!(out.status.success(), "{name}: quantize failed: {}", text(&out.stderr));
+    let lowered = tmp.path().join("quantized.onnx");
+    let out = match form {
+        Form::OrtQdq => oracle("ort_quantize.py", &[m.path.as_os_str(), calib.as_os_str(), lowered.as_os_str()]),
+        _ => {
+            let format = if form == Form::QforgeQOperator { "qoperator" } else { "qdq" };
+            qforge(&[OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new(format)])
+        }
+    };
+    assert!(out.status.success(), "{name}: quantizing ({form:?}) failed: {}", text(&out.stderr));
     let exposed_model = tmp.path().join("exposed.onnx");
     let o = oracle("expose_integers.py", &[lowered.as_os_str(), exposed_model.as_os_str()]);
     assert!(o.status.success(), "{name}: {}", text(&o.stderr));
@@ -51,7 +66,7 @@ fn integers_match(name: &str, format: &str) -> usize {
     let inputs: Vec<String> = feeds.iter().flat_map(|f| ["--input".to_string(), f.clone()]).collect();
     let (ort_out, qf_out) = (tmp.path().join("ort.npz"), tmp.path().join("qforge.npz"));
     let mut args: Vec<&OsStr> = vec![exposed_model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str()];
-    if format == "qoperator" {
+    if form == Form::QforgeQOperator {
         args.push(OsStr::new("--no-opt"));
     }
     args.extend(inputs.iter().map(OsStr::new));
@@ -79,7 +94,7 @@ const MODELS: [(&str, usize); 4] = [("ocr_cls", 50), ("orientation", 50), ("ocr_
 #[test]
 fn every_integer_tensor_of_the_lowered_benchmark_models_matches_onnx_runtime() {
     for (name, at_least) in MODELS {
-        let n = integers_match(name, "qoperator");
+        let n = integers_match(name, Form::QforgeQOperator);
         println!("{name}: {n} integer tensors identical to ONNX Runtime's");
         assert!(n >= at_least, "{name}: only {n} integer tensors compared; the lowering should give at least {at_least}");
     }
@@ -88,8 +103,17 @@ fn every_integer_tensor_of_the_lowered_benchmark_models_matches_onnx_runtime() {
 #[test]
 fn qdq_benchmark_models_run_as_integer_kernels_like_onnx_runtime() {
     for (name, at_least) in MODELS {
-        let n = integers_match(name, "qdq");
+        let n = integers_match(name, Form::QforgeQdq);
         println!("{name} (QDQ): {n} integer tensors identical to optimized ONNX Runtime's");
+        assert!(n >= at_least, "{name}: only {n} integer tensors compared; expected at least {at_least}");
+    }
+}
+
+#[test]
+fn onnx_runtime_quantized_models_run_as_in_onnx_runtime() {
+    for (name, at_least) in [("ocr_cls", 50), ("orientation", 50), ("silero_vad_16k_op15", 5)] {
+        let n = integers_match(name, Form::OrtQdq);
+        println!("{name} (ONNX Runtime's QDQ): {n} integer tensors identical to optimized ONNX Runtime's");
         assert!(n >= at_least, "{name}: only {n} integer tensors compared; expected at least {at_least}");
     }
 }

@@ -399,7 +399,7 @@ fn fused(float: &Model) -> Result<Model, String> {
 /// The quantized model with every constant subexpression computed, so each
 /// `DequantizeLinear` of an initializer becomes an initializer of the same name.
 fn dequantized(quant: &Model) -> Result<Model, String> {
-    with_pass(quant, |g| fold_constants(g, &quant.opset_imports).map(drop))
+    with_pass(quant, |g| fold_constants(g, &quant.opset_imports, |_| false).map(drop))
 }
 
 /// Float values recorded in the float run, per pair, in order of production.

@@ -150,7 +150,7 @@ pub fn fuse(m: &mut Model) -> Result<usize, String> {
     let mut folded = 0;
     for p in &paths {
         let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
-        fold_constants(g, &opsets).map_err(|e| format!("fold_constants: {e}"))?;
+        fold_constants(g, &opsets, |_| false).map_err(|e| format!("fold_constants: {e}"))?;
         fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
         folded += fold_affine(g).map_err(|e| format!("fold_affine: {e}"))?;
     }

@@ -13,7 +13,7 @@ use qforge_quant::compare::{compare, CompareError, Comparison, Metrics};
 use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
 use qforge_quant::quantizer::{default_qconfig, ConfigQuantizer};
-use qforge_testkit::{python, TempDir};
+use qforge_testkit::{oracle, python, TempDir};
 
 /// qforge's runtime and ONNX Runtime sum convolutions in different orders: their float values
 /// differ by a few ulps, and an element that close to a QuantizeLinear rounding boundary lands
@@ -326,22 +326,6 @@ fn errors_name_what_is_wrong() {
     assert!(matches!(e, CompareError::NoSamples), "{e}");
 }
 
-const ORT_QUANTIZE: &str = r#"
-import sys
-import numpy as np
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-model, calib, out = sys.argv[1:4]
-x = np.load(calib)["x"]
-class Reader(CalibrationDataReader):
-    def __init__(self):
-        self.samples = iter([{"x": s} for s in x])
-    def get_next(self):
-        return next(self.samples, None)
-quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-"#;
-
 /// A model quantized by ONNX Runtime's quantizer (its names: `X_QuantizeLinear_Output`,
 /// `W_quantized`, a quantized graph output renamed to `Y_QuantizeLinear_Input`): every value it
 /// quantized is compared with its fake-quantized value, the graph output too, and every weight
@@ -351,9 +335,8 @@ fn onnx_runtime_quantized_models_are_understood() {
     let repo = qforge_testkit::repo();
     let (float_path, calib) = (repo.join("examples/tiny_cnn.onnx"), repo.join("examples/tiny_cnn_calib.npz"));
     let tmp = TempDir::new("compare-ort");
-    let (script, ort_path) = (tmp.path().join("quantize.py"), tmp.path().join("ort.onnx"));
-    std::fs::write(&script, ORT_QUANTIZE).unwrap();
-    let out = std::process::Command::new(python()).arg(&script).arg(&float_path).arg(&calib).arg(&ort_path).output().unwrap();
+    let ort_path = tmp.path().join("ort.onnx");
+    let out = oracle("ort_quantize.py", &[float_path.as_os_str(), calib.as_os_str(), ort_path.as_os_str()]);
     assert!(out.status.success(), "ONNX Runtime's quantizer failed: {}", String::from_utf8_lossy(&out.stderr));
     let (float, quant) = (qforge_onnx::load(&float_path).unwrap(), qforge_onnx::load(&ort_path).unwrap());
     let stacked = qforge_data::read_npz(&calib).unwrap();

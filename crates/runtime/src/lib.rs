@@ -6,9 +6,10 @@
 //! * [`Registry`]: kernels by (domain, op type, opset range), one line per op.
 //! * [`Kernel`]: a planned operator instance.
 //! * [`lower_qoperator`]: QDQ units rewritten into integer operators; sessions run QDQ models
-//!   through it, and `--format qoperator` writes its result.
+//!   through it (after [`fold_constants`]), and `--format qoperator` writes its result.
 
 mod error;
+mod fold_constants;
 mod fuse;
 mod hooks;
 mod kernel;
@@ -19,6 +20,7 @@ pub mod qgemm;
 mod session;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
+pub use fold_constants::fold_constants;
 pub use hooks::{Hooks, NodeEvent, ValueEvent};
 pub use lower_qoperator::{lower_qoperator, LowerError, LowerLog, Lowered, NotLowered};
 pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};

@@ -13,7 +13,7 @@
 //! | same, output float, or A from `DynamicQuantizeLinear` | `MatMulInteger` -> `Cast` -> `Mul` by `sa·sb` (a `Mul` of the run-time scale) |
 //! | `Gemm` (constant B, optional int32 C), output quantized or float | `com.microsoft` `QGemm` |
 //! | `Add`, `Mul` | `com.microsoft` `QLinearAdd`, `QLinearMul` |
-//! | `Sigmoid`, `LeakyRelu` | `com.microsoft` `QLinearSigmoid`, `QLinearLeakyRelu` |
+//! | `Sigmoid`, `LeakyRelu`, `Softmax` | `com.microsoft` `QLinearSigmoid`, `QLinearLeakyRelu`, `QLinearSoftmax` |
 //! | `GlobalAveragePool`, `AveragePool` | `com.microsoft` `QLinearGlobalAveragePool`, `QLinearAveragePool` |
 //! | `Concat` | `Concat` of the integers when every input has the output's qparams, else `com.microsoft` `QLinearConcat` |
 //! | data movement (`MaxPool`, `Reshape`, `Transpose`, `Resize` nearest, `Pad`, ...) with equal input and output qparams | the same op on the integers |
@@ -580,7 +580,7 @@ fn lower_node(ctx: &Ctx, id: NodeId) -> Result<Option<Rewrite>, String> {
         "MatMul" => lower_matmul(ctx, id).map(Some),
         "Gemm" => lower_gemm(ctx, id).map(Some),
         "Add" | "Mul" => lower_binary(ctx, id).map(Some),
-        "Sigmoid" | "LeakyRelu" | "GlobalAveragePool" | "AveragePool" => lower_unary(ctx, id).map(Some),
+        "Sigmoid" | "LeakyRelu" | "GlobalAveragePool" | "AveragePool" | "Softmax" => lower_unary(ctx, id).map(Some),
         "Concat" => lower_concat(ctx, id).map(Some),
         "Relu" | "Clip" => lower_clamp(ctx, id),
         op if DIRECT.contains(&op) => lower_direct(ctx, id),
@@ -591,7 +591,7 @@ fn lower_node(ctx: &Ctx, id: NodeId) -> Result<Option<Rewrite>, String> {
 /// Why an op without a lowering here stays QDQ.
 fn no_form(op: &str) -> String {
     match op {
-        "Softmax" | "Where" => format!("op has no QLinear form here: lowering to com.microsoft QLinear{op} is not implemented (qforge has no kernel for it; ONNX Runtime fuses the QDQ unit itself)"),
+        "Where" => format!("op has no QLinear form here: lowering to com.microsoft QLinear{op} is not implemented (qforge has no kernel for it; ONNX Runtime fuses the QDQ unit itself)"),
         "ConvTranspose" => "op has no QLinear form: ONNX and ONNX Runtime's CPU contrib ops have no QLinearConvTranspose".into(),
         _ => format!("op has no QLinear form: {op} has no integer operator in ONNX or ONNX Runtime's com.microsoft domain"),
     }
@@ -888,8 +888,8 @@ fn lower_binary(ctx: &Ctx, id: NodeId) -> Result<Rewrite, String> {
     Ok(b.done(&unit_nodes(id, &q, &absorbed), format!("com.microsoft::{op}"), true))
 }
 
-/// `Sigmoid`, `LeakyRelu`, `GlobalAveragePool`, `AveragePool` -> their `com.microsoft` QLinear
-/// forms.
+/// `Sigmoid`, `LeakyRelu`, `GlobalAveragePool`, `AveragePool`, `Softmax` -> their
+/// `com.microsoft` QLinear forms.
 fn lower_unary(ctx: &Ctx, id: NodeId) -> Result<Rewrite, String> {
     let n = ctx.node(id);
     let op = format!("QLinear{}", n.op_type);
@@ -899,6 +899,13 @@ fn lower_unary(ctx: &Ctx, id: NodeId) -> Result<Rewrite, String> {
     let (q, absorbed) = quantized_output(ctx, y, &op, x.dtype)?;
     let mut attrs = match n.op_type.as_str() {
         "LeakyRelu" => attrs_named(n, &["alpha"]),
+        "Softmax" => {
+            // QLinearSoftmax computes the Softmax of the version its `opset` attribute names.
+            let since = if ctx.opset >= 13 { 13 } else if ctx.opset >= 11 { 11 } else { 1 };
+            let mut a = attrs_named(n, &["axis"]);
+            a.push(qforge_ir::Attribute::new("opset", Attr::Int(since)));
+            a
+        }
         "AveragePool" => {
             if n.attr_ints("dilations").is_some_and(|d| d.iter().any(|&v| v != 1)) {
                 return Err("AveragePool with dilations: QLinearAveragePool has none".into());

@@ -6,7 +6,7 @@ use qforge_ir::{Model, NodeId, Tensor, ValueId};
 
 use crate::hooks::Hooks;
 use crate::plan::{Folding, Plan, StepTime};
-use crate::{lower_qoperator, LowerLog, Registry, RuntimeError, RuntimeResult};
+use crate::{fold_constants, lower_qoperator, LowerLog, Registry, RuntimeError, RuntimeResult};
 
 /// How a session runs.
 #[derive(Debug, Clone, Default)]
@@ -74,15 +74,23 @@ impl Session {
         Ok(Session { plan, fused, lowering, pool })
     }
 
-    /// The plan for runs without hooks, and the lowering it ran when the model has QDQ units.
-    /// QDQ units are first rewritten into integer operators ([`lower_qoperator`], as ONNX
-    /// Runtime fuses `DequantizeLinear -> op -> QuantizeLinear` groups when it builds a
-    /// session), then chains of f32 elementwise ops are fused. Falls back to the unlowered
-    /// graph when lowering changes nothing, fails, or yields a graph that does not plan.
+    /// The plan for runs without hooks, and the lowering it ran when the model has QDQ units:
+    /// constants except `DequantizeLinear` outputs are folded ([`fold_constants`], so weights
+    /// quantized at run time become integer constants), QDQ units are rewritten into integer operators ([`lower_qoperator`]),
+    /// as ONNX Runtime fuses `DequantizeLinear -> op -> QuantizeLinear` groups when it builds a
+    /// session, then chains of f32 elementwise ops are fused. Falls back to the graph as given
+    /// when lowering changes nothing, fails, or yields a graph that does not plan.
     fn fast_plan(model: &Model, plan: &Plan) -> (Option<Plan>, Option<LowerLog>) {
         let has_qdq = model.graph.graphs().iter().any(|(_, g)| g.nodes().any(|(_, n)| n.domain.is_empty() && n.op_type == "DequantizeLinear"));
         if has_qdq {
             let mut lowered = model.clone();
+            for (path, _) in model.graph.graphs() {
+                if let Some(g) = lowered.graph.graph_at_mut(&path) {
+                    // Weights quantized at run time (`QuantizeLinear` of a constant) become
+                    // constants; dequantized constants stay, as the lowering reads them.
+                    let _ = fold_constants(g, &model.opset_imports, |n| n.op_type == "DequantizeLinear");
+                }
+            }
             if let Ok(log) = lower_qoperator(&mut lowered) {
                 let changed = !log.lowered.is_empty() || log.pairs_removed > 0;
                 let planned = changed.then(|| Plan::build_with(&lowered.graph, &lowered.opset_imports, Registry::builtin(), &Default::default(), Folding::Constants));

@@ -1,6 +1,7 @@
 //! ONNX Runtime's `com.microsoft` QLinear kernels (`QLinearAdd`, `QLinearMul`,
 //! `QLinearSigmoid`, `QLinearLeakyRelu`, `QLinearGlobalAveragePool`, `QLinearAveragePool`,
-//! `QLinearConcat`) and ONNX `DynamicQuantizeLinear` match ONNX Runtime bit for bit: on random
+//! `QLinearConcat`, `QLinearSoftmax`) and ONNX `DynamicQuantizeLinear` match ONNX Runtime bit
+//! for bit: on random
 //! uint8 and int8 data over the whole range, with scales that make exact rounding ties and
 //! saturate, numpy broadcasting for Add/Mul (scalar on either side, general), every table
 //! entry for the lookup-table ops, pooling with pads, strides, ceil mode, `count_include_pad`,
@@ -302,6 +303,41 @@ fn qlinear_concat_matches_onnx_runtime() {
                 }
                 let (m, feeds) = c.node("QLinearConcat", MS_DOMAIN, &inputs, vec![("axis", Attr::Int(axis))], 1);
                 total += same_as_ort(&m, &feeds, &format!("QLinearConcat {d} axis {axis} seed {seed}"), &dir);
+            }
+        }
+    }
+    println!("{total} elements bit-identical");
+}
+
+#[test]
+fn qlinear_softmax_matches_onnx_runtime() {
+    // Opset 11 flattens at the axis, opset 13 normalizes along it alone (inner axes included).
+    let dir = TempDir::new("qlms-softmax");
+    let cases: [(&[usize], i64, i64); 7] = [
+        (&[2, 3, 17], -1, 13),
+        (&[4, 10], 1, 13),
+        (&[2, 5, 7], 1, 13),
+        (&[2, 2, 3, 3], 0, 13),
+        (&[3, 4, 5], 1, 11),
+        (&[2, 6], -1, 11),
+        (&[1, 1000], -1, 13),
+    ];
+    let mut total = 0;
+    let mut seed = 500;
+    for d in [DType::U8, DType::I8] {
+        for (shape, axis, opset) in cases {
+            for y_scale in [1.0f32 / 256.0, 1.0 / 255.0, 0.0213] {
+                let mut rng = Rng::new(seed);
+                seed += 1;
+                let mut c = Case::new();
+                let x = c.feed("x", data(d, shape, &mut rng));
+                let (xs, xz) = qparams(&mut c, "x", d, &mut rng);
+                let ys = c.init("y_s", Tensor::scalar(y_scale));
+                let z = if d == DType::U8 { 0 } else { -128 };
+                let yz = c.init("y_z", q8(d, &[], &[z]));
+                let attrs = vec![("axis", Attr::Int(axis)), ("opset", Attr::Int(opset))];
+                let (m, feeds) = c.node("QLinearSoftmax", MS_DOMAIN, &[Some(x), Some(xs), Some(xz), Some(ys), Some(yz)], attrs, 1);
+                total += same_as_ort(&m, &feeds, &format!("QLinearSoftmax {d} {shape:?} axis {axis} opset {opset} y_scale {y_scale}"), &dir);
             }
         }
     }

@@ -15,6 +15,9 @@
 //!   `rne(y / sy + zy)`.
 //! * `QLinearConcat`: each input copied when its qparams equal the output's, else mapped by a
 //!   256-entry requantization table.
+//! * `QLinearSoftmax`: a 256-entry f32 table of `exp((x - xmax + shift)·sx)` (built in f64),
+//!   summed in f32 along the softmax axis, `y = rne(t·floor(1/sy) / sum) + zy` (see
+//!   [`qlinear_softmax`]).
 //! * `DynamicQuantizeLinear`: uint8 with `scale = (max(0, xmax) - min(0, xmin)) / 255` (1 when
 //!   the range is empty) and `zp = rne(clamp(-xmin / scale, 0, 255))`, as ONNX Runtime computes
 //!   them.
@@ -39,6 +42,7 @@ pub fn register(r: &mut Registry) {
     r.add(MS_DOMAIN, "QLinearGlobalAveragePool", 1, LATEST, qlinear_global_average_pool);
     r.add(MS_DOMAIN, "QLinearAveragePool", 1, LATEST, qlinear_average_pool);
     r.add(MS_DOMAIN, "QLinearConcat", 1, LATEST, qlinear_concat);
+    r.add(MS_DOMAIN, "QLinearSoftmax", 1, LATEST, qlinear_softmax);
     r.add("", "DynamicQuantizeLinear", 11, LATEST, dynamic_quantize_linear);
 }
 
@@ -620,6 +624,82 @@ fn qlinear_concat(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         Ok(vec![match dtype {
             DType::U8 => run::<u8>(&parts, ax, &out_shape, sy, zy)?,
             _ => run::<i8>(&parts, ax, &out_shape, sy, zy)?,
+        }])
+    })
+}
+
+/// ONNX Runtime's table of exponentials for `QLinearSoftmax` over `len` elements:
+/// `exp((i - 255 + shift)·sx)` for `i` in `0..256`, in f64 and stored as f32, where
+/// `shift = max(0, ln(f32::MAX / len) - 5) / sx` keeps the f32 sum of `len` entries finite. Int8
+/// data indexes it by the byte of `x - xmax + 127`, uint8 data by `x + 255 - xmax`.
+fn softmax_table(sx: f32, len: usize, signed: bool) -> [f32; 256] {
+    let limit = f32::MAX / len as f32;
+    let shift = ((limit as f64).ln() - 5.0).max(0.0) / sx as f64;
+    let mut table = [0f32; 256];
+    for i in 0..256i32 {
+        let e = ((i as f64 - 255.0 + shift) * sx as f64).exp();
+        let slot = if signed { (i - 128) as u8 } else { i as u8 };
+        table[slot as usize] = e as f32;
+    }
+    table
+}
+
+/// One softmax row of `QLinearSoftmax`, read from `x` at `stride` and written to `y` at the
+/// same positions: entries of the table shifted so the row's maximum reads entry 255, their
+/// f32 sum in order, `q = rne(t·sy_inv / sum) + zy`, saturated to `T`.
+fn softmax_row<T: Q8>(x: &[T], y: &mut [T], start: usize, len: usize, stride: usize, table: &[f32; 256], sy_inv: f32, zy: i32) {
+    let at = |k: usize| start + k * stride;
+    let xmax = (0..len).map(|k| x[at(k)].get()).max().expect("rows are not empty");
+    let index = |v: i32| -> usize {
+        if T::MIN < 0 { (v + 127 - xmax) as u8 as usize } else { (v + 255 - xmax) as usize }
+    };
+    let sum = (0..len).fold(0f32, |acc, k| acc + table[index(x[at(k)].get())]);
+    for k in 0..len {
+        let t = table[index(x[at(k)].get())];
+        let q = ((t * sy_inv) / sum).round_ties_even() as i32 + zy;
+        y[at(k)] = T::put(q.clamp(T::MIN, T::MAX));
+    }
+}
+
+/// `QLinearSoftmax` (`com.microsoft`): inputs `(X, X_scale, X_zero_point, Y_scale,
+/// Y_zero_point)`, attributes `opset` (required: the version of the ONNX `Softmax` it computes)
+/// and `axis` (default 1 below opset 13, else -1). Below opset 13 the input is flattened to 2-D
+/// at `axis` and each row normalized; from 13 the softmax runs along `axis` alone. X's zero
+/// point is not read (softmax ignores shifts). Computed as ONNX Runtime's CPU kernel does (see
+/// [`softmax_table`], [`softmax_row`]), including its output scale `floor(1 / Y_scale)`.
+fn qlinear_softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let opset = info.node.attr_int("opset").ok_or_else(|| info.error("'opset' is required (the version of the Softmax it computes)"))?;
+    let axis = info.node.attr_int("axis").unwrap_or(if opset < 13 { 1 } else { -1 });
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let dtype = check_8bit(x, "X")?;
+        let sx = scale_of(input(ins, 1)?, "X_scale")?;
+        let sy = scale_of(input(ins, 3)?, "Y_scale")?;
+        let zy = zero_point_of(opt_input(ins, 4), dtype, "Y_zero_point")?;
+        let shape = x.shape();
+        if x.len() == 0 {
+            return Ok(vec![x.clone()]);
+        }
+        let ax = norm_axis(axis, shape.len().max(1))?;
+        let (outer, len, inner) = if opset < 13 {
+            (shape[..ax].iter().product::<usize>(), shape[ax..].iter().product::<usize>(), 1)
+        } else {
+            (shape[..ax].iter().product(), shape.get(ax).copied().unwrap_or(1), shape[ax + 1..].iter().product())
+        };
+        let table = softmax_table(sx, len, dtype == DType::I8);
+        let sy_inv = (1.0f32 / sy).floor();
+        fn run<T: Q8>(x: &[T], outer: usize, len: usize, inner: usize, table: &[f32; 256], sy_inv: f32, zy: i32) -> Vec<T> {
+            let mut y = vec![T::default(); x.len()];
+            for o in 0..outer {
+                for i in 0..inner {
+                    softmax_row(x, &mut y, o * len * inner + i, len, inner, table, sy_inv, zy);
+                }
+            }
+            y
+        }
+        Ok(vec![match dtype {
+            DType::U8 => tensor(shape, run(x.as_slice::<u8>().expect("checked"), outer, len, inner, &table, sy_inv, zy))?,
+            _ => tensor(shape, run(x.as_slice::<i8>().expect("checked"), outer, len, inner, &table, sy_inv, zy))?,
         }])
     })
 }

@@ -1,21 +1,24 @@
+//! Constant folding of a graph with the runtime's own kernels.
+
 use std::collections::HashMap;
 
-use qforge_ir::{Graph, OpsetImport, Patch, Tensor, CAPTURE_USE};
-use qforge_runtime::{opset_of, NodeInfo, Registry, RunCtx, NONDETERMINISTIC};
+use qforge_ir::{Graph, Node, OpsetImport, Patch, Tensor, CAPTURE_USE};
+use crate::{opset_of, NodeInfo, Registry, RunCtx, NONDETERMINISTIC};
 
 /// Replaces every node whose inputs are all constant initializers by initializers holding its
 /// outputs (same names), computed with the qforge runtime's kernels, so weights built from
 /// constants (`Reshape(W)`, `Transpose(W)`, `ConstantOfShape`) are quantized as weights.
 /// Nodes with subgraphs, random ops, nodes producing graph outputs or values read by
-/// subgraphs, and ops the runtime cannot run are kept. Returns the number of folded nodes.
-pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport]) -> Result<usize, String> {
+/// subgraphs, ops the runtime cannot run and nodes for which `keep` holds are kept. Returns the
+/// number of folded nodes.
+pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport], keep: impl Fn(&Node) -> bool) -> Result<usize, String> {
     let order = g.topo_order().map_err(|e| e.to_string())?;
     let no_scope: HashMap<String, Tensor> = HashMap::new();
     let mut folded = 0;
     for id in order {
         let node = g.node(id).map_err(|e| e.to_string())?.clone();
         let constant = |v: &qforge_ir::ValueId| g.value(*v).is_ok_and(|x| x.is_constant());
-        if node.subgraphs().next().is_some() || !node.captures().is_empty() || NONDETERMINISTIC.contains(&node.op_type.as_str())
+        if keep(&node) || node.subgraphs().next().is_some() || !node.captures().is_empty() || NONDETERMINISTIC.contains(&node.op_type.as_str())
             || !node.inputs.iter().flatten().all(constant)
             || node.outputs.iter().flatten().any(|v| g.is_output(*v) || g.consumers(*v).iter().any(|u| u.1 == CAPTURE_USE))
         {
