@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
+use crate::bias_correction::InputMeans;
 use crate::observer::AxisLayout;
 use crate::prepare::{edge_value, qtype_of, resolve, Group, QuantPlan};
 use crate::qparams::quantize;
@@ -104,6 +105,13 @@ fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales
     Ok(QuantizedConst { values, shape: shape.to_vec(), params, param_shape, qtype: spec.scheme.qtype, axis, block_size })
 }
 
+/// The real values a quantized constant stands for, `scale · (q − zero_point)`, in its layout.
+fn dequantize(c: &QuantizedConst) -> Result<Vec<f32>, String> {
+    let granularity = granularity_of(c);
+    let (index, _) = param_index(&c.shape, granularity)?;
+    Ok(c.values.iter().zip(&index).map(|(&q, &p)| c.params[p].scale * (q - c.params[p].zero_point) as f32).collect())
+}
+
 /// Integers as a tensor of a quantized type.
 pub fn int_tensor(qtype: QType, shape: &[usize], v: &[i64]) -> Tensor {
     let r = match qtype {
@@ -129,6 +137,10 @@ pub struct ConvertLog {
     pub constants: Vec<(String, QType, Granularity, usize)>,
     /// Weights whose scale was enlarged so the bias fits int32: (weight, channels changed).
     pub bias_adjusted: Vec<(String, usize)>,
+    /// Bias correction applied: (node, op, float shift added to the bias of each output channel).
+    pub bias_corrected: Vec<(String, String, Vec<f32>)>,
+    /// Weighted nodes bias correction left alone: (node, op, reason).
+    pub bias_uncorrected: Vec<(String, String, String)>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -251,7 +263,10 @@ fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
 /// the qparams of every group (`Err`: the group stays float, with the reason). With
 /// `contrib`, Q/DQ that would need opset 21 (16- and 4-bit types, not blocks) are written in
 /// ONNX Runtime's `com.microsoft` domain.
-pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool) -> Result<ConvertLog, String> {
+///
+/// With `means` (bias correction, [`crate::bias_correction`]), the float bias of every Conv
+/// and Gemm it watched is shifted by `E[(W − Ŵ)·x]` before it is quantized.
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool, means: Option<&InputMeans>) -> Result<ConvertLog, String> {
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
     let prefix = if gi == 0 { String::new() } else { format!("{}@{gi}/", g.name) };
@@ -322,11 +337,26 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             continue;
         }
         let Some(bv) = g.node(n).ok().and_then(|nd| nd.input(i)) else { continue };
-        let Some((bias, bshape)) = const_data(g, bv) else { continue };
+        let Some((float_bias, bshape)) = const_data(g, bv) else { continue };
         let per_channel = w.params.len() > 1;
-        if per_channel && w.params.len() != bias.len() {
+        if per_channel && w.params.len() != float_bias.len() {
             continue;
         }
+        let wv = g.node(wn).ok().and_then(|nd| nd.input(wi)).expect("weight edge");
+        let node = g.node(n).map_err(|e| e.to_string())?;
+        let shift = |w: &QuantizedConst| -> Option<Result<Vec<f64>, String>> {
+            let means = means?;
+            let (data, shape) = const_data(g, wv)?;
+            Some(dequantize(w).and_then(|w_hat| means.shift(gi, n, node, &data, &w_hat, &shape)))
+        };
+        let shifted = |s: &Option<Result<Vec<f64>, String>>| -> Vec<f32> {
+            match s {
+                Some(Ok(s)) => float_bias.iter().zip(s).map(|(&b, &d)| (b as f64 + d) as f32).collect(),
+                _ => float_bias.clone(),
+            }
+        };
+        let mut correction = shift(w);
+        let mut bias = shifted(&correction);
         let limit = i32::MAX as f64;
         let mut changed = 0;
         let mut scales: Vec<f32> = w.params.iter().map(|p| p.scale).collect();
@@ -338,7 +368,6 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
         }
         if changed > 0 {
-            let wv = g.node(wn).ok().and_then(|nd| nd.input(wi)).expect("weight edge");
             let (data, shape) = const_data(g, wv).expect("weights are float constants");
             let spec = match a.spec(Edge::Input { node: wn, index: wi }) {
                 Some(Spec::Quantize(s)) => s.clone(),
@@ -346,6 +375,15 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             };
             *w = quantize_const(&data, &shape, &spec, Some(&scales))?;
             em.log.bias_adjusted.push((g.value_name(wv), changed));
+            if correction.is_some() {
+                correction = shift(w);
+                bias = shifted(&correction);
+            }
+        }
+        match correction {
+            Some(Ok(s)) => em.log.bias_corrected.push((node.display_name(n), node.op_type.clone(), s.iter().map(|&d| d as f32).collect())),
+            Some(Err(why)) => em.log.bias_uncorrected.push((node.display_name(n), node.op_type.clone(), why)),
+            None => {}
         }
         let params: Vec<QParams> = w.params.iter().map(|p| QParams { scale: sx * p.scale, zero_point: 0 }).collect();
         let values: Vec<i64> = bias.iter().enumerate().map(|(c, &b)| {
@@ -358,7 +396,8 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     let mut emitted: BTreeMap<(ValueId, String), ValueId> = BTreeMap::new();
     for ((n, i), c) in weights.into_iter().chain(bias_consts) {
         let v = g.node(n).ok().and_then(|nd| nd.input(i)).expect("annotated input");
-        let key = (v, format!("{:?}{:?}{:?}", c.qtype, c.param_shape, c.params.iter().map(|p| (p.scale.to_bits(), p.zero_point)).collect::<Vec<_>>()));
+        let values = if c.qtype == QType::S32 { format!("{:?}", c.values) } else { String::new() };
+        let key = (v, format!("{:?}{:?}{:?}{values}", c.qtype, c.param_shape, c.params.iter().map(|p| (p.scale.to_bits(), p.zero_point)).collect::<Vec<_>>()));
         let d = match emitted.get(&key) {
             Some(&d) => d,
             None => {
@@ -370,6 +409,12 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         };
         em.patch.redirect_input(n, i, d);
         em.log.dequantized.push((d, Dequantized::Constant { node: n, input: i, float: v }));
+    }
+    if let Some(means) = means {
+        for (_, id, why) in means.skipped.iter().filter(|s| s.0 == gi) {
+            let node = g.node(*id).map_err(|e| e.to_string())?;
+            em.log.bias_uncorrected.push((node.display_name(*id), node.op_type.clone(), why.clone()));
+        }
     }
     let Emitter { patch, log, .. } = em;
     g.apply(patch).map_err(|e| e.to_string())?;

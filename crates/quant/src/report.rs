@@ -107,6 +107,12 @@ pub struct Report {
     pub constants: Vec<ConstantRecord>,
     /// Weights whose scale was enlarged so their bias fits int32: (weight, channels).
     pub bias_adjusted: Vec<(String, usize)>,
+    /// Whether bias correction ran ([`crate::bias_correction`]).
+    pub bias_correction_enabled: bool,
+    /// Bias correction, node by node: the float shift added to each output channel's bias.
+    pub bias_correction: Vec<BiasCorrectionRecord>,
+    /// Weighted nodes bias correction left alone: (graph, node, op, reason).
+    pub bias_uncorrected: Vec<(String, String, String, String)>,
     /// Annotated nodes that break the target's rules.
     pub violations: Vec<ViolationRecord>,
     /// What an accuracy budget returned to float, decision by decision.
@@ -115,6 +121,18 @@ pub struct Report {
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
+}
+
+/// The bias correction of one node.
+#[derive(Debug, Clone, Serialize)]
+pub struct BiasCorrectionRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    /// The largest `|shift|` over the output channels.
+    pub max_abs_shift: f32,
+    /// The float value added to the bias of each output channel.
+    pub shift: Vec<f32>,
 }
 
 /// One QDQ unit rewritten into integer operators.
@@ -210,6 +228,14 @@ impl Report {
             scales: *scales,
         }));
         self.bias_adjusted.extend(log.bias_adjusted.iter().cloned());
+        self.bias_correction.extend(log.bias_corrected.iter().map(|(node, op, shift)| BiasCorrectionRecord {
+            graph: graph.to_string(),
+            node: node.clone(),
+            op: op.clone(),
+            max_abs_shift: shift.iter().fold(0f32, |m, d| m.max(d.abs())),
+            shift: shift.clone(),
+        }));
+        self.bias_uncorrected.extend(log.bias_uncorrected.iter().map(|(n, op, why)| (graph.to_string(), n.clone(), op.clone(), why.clone())));
     }
 
     /// A summary for people: counts, float nodes grouped by op and reason, warnings.
@@ -237,6 +263,9 @@ impl Report {
         }
         for (w, c) in &self.bias_adjusted {
             let _ = writeln!(s, "note: weight '{w}': scale enlarged on {c} channel(s) so the int32 bias does not overflow");
+        }
+        if self.bias_correction_enabled {
+            let _ = writeln!(s, "bias correction: {} node(s) corrected, {} left alone", self.bias_correction.len(), self.bias_uncorrected.len());
         }
         let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
         if nonfinite > 0 {
