@@ -125,7 +125,7 @@ fn bad_calibration_data_and_arguments_are_clear_errors() {
 }
 
 #[test]
-fn bias_correction_is_off_by_default_and_reported_when_on() {
+fn bias_correction_and_weight_range_search_are_off_by_default_and_reported_when_on() {
     let m = cls();
     let tmp = TempDir::new("qcli_bc");
     let calib = tmp.path().join("calib");
@@ -142,6 +142,15 @@ fn bias_correction_is_off_by_default_and_reported_when_on() {
         let r = run(flags);
         assert_eq!(r["bias_correction_enabled"], false, "{flags:?}");
         assert!(r["bias_correction"].as_array().unwrap().is_empty(), "{flags:?}");
+        assert_eq!(r["weight_range_search"], false, "{flags:?}");
+        assert!(r["weight_ranges"].as_array().unwrap().is_empty(), "{flags:?}");
+    }
+    let r = run(&["--weight-range", "mse"]);
+    assert_eq!(r["weight_range_search"], true);
+    for w in r["weight_ranges"].as_array().unwrap() {
+        let f: Vec<f64> = w["factors"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert!(f.iter().all(|&x| (0.79..=1.0).contains(&x)), "{w}");
+        assert_eq!(w["narrowed"].as_u64().unwrap() as usize, f.iter().filter(|&&x| x < 1.0).count(), "{w}");
     }
     let r = run(&["--bias-correction"]);
     assert_eq!(r["bias_correction_enabled"], true);

@@ -123,6 +123,9 @@ pub struct QuantizeOptions {
     /// Correct the bias of every Conv and Gemm for the mean output shift its weight rounding
     /// causes on the calibration data ([`crate::bias_correction`]).
     pub bias_correction: bool,
+    /// Choose each symmetric weight slice's scale by least squared error over 80-100 % of its
+    /// min/max scale instead of min/max.
+    pub weight_search: bool,
 }
 
 /// Errors of the pipeline, each naming the stage and what it concerns.
@@ -214,7 +217,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let mut means = opts.bias_correction.then(|| InputMeans::new(&m.graph, &plan));
     calibrate_samples(&session, &mut plan, means.as_mut(), samples, workers, progress)?;
     report.calibration_seconds = calib_started.elapsed().as_secs_f64();
-    Ok(Calibrated { model: m, plan, means, report, graph_names, started, max_opset: opts.max_opset })
+    Ok(Calibrated { model: m, plan, means, report, graph_names, started, max_opset: opts.max_opset, weight_search: opts.weight_search })
 }
 
 /// Samples in flight at once during calibration. Two runs share the session's thread pool,
@@ -291,6 +294,7 @@ pub struct Calibrated {
     graph_names: Vec<String>,
     started: Instant,
     max_opset: Option<i64>,
+    weight_search: bool,
 }
 
 /// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`:
@@ -310,14 +314,14 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 /// [`convert`], also returning what convert did in each graph of the plan
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
-    let Calibrated { model: mut m, plan, means, mut report, graph_names, started, max_opset } = c;
+    let Calibrated { model: mut m, plan, means, mut report, graph_names, started, max_opset, weight_search } = c;
     let params: Vec<_> = plan.groups.iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
     let mut need = opset_before;
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
     for gi in (0..plan.graphs.len()).rev() {
         let g = graph_at_mut(&mut m.graph, &plan.graphs[gi].path).expect("planned path");
-        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21), means.as_ref()).map_err(stage("convert"))?;
+        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21), means.as_ref(), weight_search).map_err(stage("convert"))?;
         g.remove_dead_nodes();
         need = need.max(log.min_opset);
         report.add_log(&graph_names[gi], &plan, &log);
@@ -334,6 +338,7 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
         crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;
     }
     report.bias_correction_enabled = means.is_some();
+    report.weight_range_search = weight_search;
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok((m, report, logs))
