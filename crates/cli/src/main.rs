@@ -98,6 +98,8 @@ enum Command {
         min_sqnr: Option<f64>,
         #[command(flatten)]
         format: quantize::FormatArgs,
+        #[command(flatten)]
+        correction: quantize::CorrectionArgs,
     },
     /// Rank the observation groups and quantized weights by how much each alone moves the
     /// outputs: SQNR and cosine of every output with only that group quantized, and with only
@@ -178,9 +180,9 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Inspect { model, json } => inspect::inspect(&model, json),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
-        Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format } => {
+        Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format, correction } => {
             quantizer.quiet = json;
-            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format })
+            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format, bias_correction: correction.bias_correction(), weight_search: correction.weight_range == "mse" })
         }
         Command::Sensitivity { model, calibration_data, data, mut quantizer, json, threads, limit } => {
             quantizer.quiet = json;

@@ -34,6 +34,10 @@ pub struct QuantizeArgs {
     pub min_sqnr: Option<f64>,
     /// QDQ, or integer operators where a QDQ unit has one (`--format`).
     pub format: QuantFormat,
+    /// Bias correction (`--bias-correction`).
+    pub bias_correction: bool,
+    /// Least-squares weight scales (`--weight-range mse`).
+    pub weight_search: bool,
 }
 
 /// The output format of `qforge quantize`.
@@ -44,6 +48,29 @@ pub struct FormatArgs {
     /// QLinearAdd, ...), the rest left QDQ with the reason in the report.
     #[arg(long, default_value = "qdq", value_name = "qdq|qoperator", value_parser = parse_format)]
     pub format: QuantFormat,
+}
+
+/// Corrections applied while converting (`qforge quantize`).
+#[derive(clap::Args)]
+pub struct CorrectionArgs {
+    /// Shift the bias of every Conv and Gemm by the mean output error its weight rounding
+    /// causes on the calibration data, per output channel (reported per node).
+    #[arg(long, overrides_with = "no_bias_correction")]
+    pub bias_correction: bool,
+    /// Leave biases as they are (default).
+    #[arg(long, overrides_with = "bias_correction")]
+    pub no_bias_correction: bool,
+    /// Weight scales: minmax (each channel's largest magnitude), or mse (the scale of least
+    /// squared error among 100 %, 99 %, ..., 80 % of it, per channel).
+    #[arg(long, default_value = "minmax", value_name = "minmax|mse", value_parser = ["minmax", "mse"])]
+    pub weight_range: String,
+}
+
+impl CorrectionArgs {
+    /// Whether bias correction runs.
+    pub fn bias_correction(&self) -> bool {
+        self.bias_correction && !self.no_bias_correction
+    }
 }
 
 fn parse_format(s: &str) -> Result<QuantFormat, String> {
@@ -178,7 +205,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     qforge_onnx::fold_constant_nodes(&mut model);
     let quantizer = quantizer(&args.quantizer)?;
     let calib = CalibrationSet::open(&args.calibration_data, &model_inputs(&model))?;
-    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset };
+    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search };
     let samples = CalibrationSamples(calib);
     let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {

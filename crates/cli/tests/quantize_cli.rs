@@ -123,3 +123,41 @@ fn bad_calibration_data_and_arguments_are_clear_errors() {
     // An unknown backend names the built-in ones.
     expect_error(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), good.as_os_str(), "--backend".as_ref(), "tpu".as_ref()], &out, &["'tpu'", "x86"]);
 }
+
+#[test]
+fn bias_correction_and_weight_range_search_are_off_by_default_and_reported_when_on() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_bc");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 4, |_, _| {});
+    let run = |flags: &[&str]| -> serde_json::Value {
+        let (out, report) = (tmp.path().join("q.onnx"), tmp.path().join("r.json"));
+        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()];
+        args.extend(flags.iter().map(|f| std::ffi::OsStr::new(*f)));
+        let o = qforge(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap()
+    };
+    for flags in [&[][..], &["--no-bias-correction"], &["--bias-correction", "--no-bias-correction"]] {
+        let r = run(flags);
+        assert_eq!(r["bias_correction_enabled"], false, "{flags:?}");
+        assert!(r["bias_correction"].as_array().unwrap().is_empty(), "{flags:?}");
+        assert_eq!(r["weight_range_search"], false, "{flags:?}");
+        assert!(r["weight_ranges"].as_array().unwrap().is_empty(), "{flags:?}");
+    }
+    let r = run(&["--weight-range", "mse"]);
+    assert_eq!(r["weight_range_search"], true);
+    for w in r["weight_ranges"].as_array().unwrap() {
+        let f: Vec<f64> = w["factors"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert!(f.iter().all(|&x| (0.79..=1.0).contains(&x)), "{w}");
+        assert_eq!(w["narrowed"].as_u64().unwrap() as usize, f.iter().filter(|&&x| x < 1.0).count(), "{w}");
+    }
+    let r = run(&["--bias-correction"]);
+    assert_eq!(r["bias_correction_enabled"], true);
+    let corrected = r["bias_correction"].as_array().unwrap();
+    assert!(corrected.len() > 10, "ocr_cls has dozens of Conv with folded biases");
+    for c in corrected {
+        let shift = c["shift"].as_array().unwrap();
+        assert!(!shift.is_empty() && shift.iter().all(|v| v.as_f64().is_some_and(f64::is_finite)), "{c}");
+    }
+}

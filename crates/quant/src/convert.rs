@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
+use crate::bias_correction::InputMeans;
 use crate::observer::AxisLayout;
 use crate::prepare::{edge_value, qtype_of, resolve, Group, QuantPlan};
 use crate::qparams::quantize;
@@ -51,6 +52,8 @@ struct QuantizedConst {
     qtype: QType,
     axis: Option<usize>,
     block_size: Option<usize>,
+    /// The factor the weight range search applied to each min/max scale (empty: no search).
+    searched: Vec<f32>,
 }
 
 /// Index of the parameter of every element under a granularity, and the parameter shape.
@@ -75,9 +78,44 @@ fn param_index(shape: &[usize], g: Granularity) -> Result<(Vec<usize>, Vec<usize
     }
 }
 
+/// Scale multipliers tried by the weight range search: 1.00, 0.99, ..., 0.80.
+const WEIGHT_SEARCH_STEPS: usize = 21;
+
+/// For each parameter slice of a symmetric scheme, the scale among `scale · (1 − 0.01·k)`
+/// (`k < WEIGHT_SEARCH_STEPS`) with the least squared rounding-and-clipping error of its
+/// values (the largest such scale on ties); returns the factor chosen for each slice. Slices
+/// are searched in parallel; each slice's sum runs in element order, so the result does not
+/// depend on the thread count.
+fn search_weight_scales(data: &[f32], index: &[usize], params: &mut [QParams], qmin: i64, qmax: i64) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut slices: Vec<Vec<f32>> = vec![vec![]; params.len()];
+    for (&x, &p) in data.iter().zip(index) {
+        if x.is_finite() {
+            slices[p].push(x);
+        }
+    }
+    let factors: Vec<f32> = slices.par_iter().zip(params.par_iter()).map(|(xs, p)| {
+        let err = |k: usize| {
+            let q = QParams { scale: p.scale * (1.0 - 0.01 * k as f32), zero_point: p.zero_point };
+            xs.iter().map(|&x| (x as f64 - (quantize(x, q, qmin, qmax) - q.zero_point) as f64 * q.scale as f64).powi(2)).sum::<f64>()
+        };
+        if p.scale <= 0.0 {
+            return 1.0;
+        }
+        let errs: Vec<f64> = (0..WEIGHT_SEARCH_STEPS).map(err).collect();
+        let best = (0..WEIGHT_SEARCH_STEPS).fold(0, |b, k| if errs[k] < errs[b] { k } else { b });
+        1.0 - 0.01 * best as f32
+    }).collect();
+    for (p, f) in params.iter_mut().zip(&factors) {
+        p.scale *= f;
+    }
+    factors
+}
+
 /// Quantizes constant data under a spec, with parameters from each slice's min/max, or the
-/// given scales (same layout) when `scales` is set.
-fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales: Option<&[f32]>) -> Result<QuantizedConst, String> {
+/// given scales (same layout) when `scales` is set. With `search` (and no `scales`), a
+/// symmetric scheme's scales come from [`search_weight_scales`].
+fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales: Option<&[f32]>, search: bool) -> Result<QuantizedConst, String> {
     let (index, param_shape) = param_index(shape, spec.granularity)?;
     let count: usize = param_shape.iter().product::<usize>().max(1);
     let mut lo = vec![f32::INFINITY; count];
@@ -95,13 +133,21 @@ fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales
         }
     }
     let (qmin, qmax) = spec.scheme.qrange();
+    let searched = if search && scales.is_none() && spec.scheme.symmetric { search_weight_scales(data, &index, &mut params, qmin, qmax) } else { vec![] };
     let values = data.iter().zip(&index).map(|(&x, &p)| quantize(x, params[p], qmin, qmax)).collect();
     let (axis, block_size) = match spec.granularity {
         Granularity::PerTensor => (None, None),
         Granularity::PerAxis { axis } => (Some(axis), None),
         Granularity::PerBlock { axis, block_size } => (Some(axis), Some(block_size)),
     };
-    Ok(QuantizedConst { values, shape: shape.to_vec(), params, param_shape, qtype: spec.scheme.qtype, axis, block_size })
+    Ok(QuantizedConst { values, shape: shape.to_vec(), params, param_shape, qtype: spec.scheme.qtype, axis, block_size, searched })
+}
+
+/// The real values a quantized constant stands for, `scale · (q − zero_point)`, in its layout.
+fn dequantize(c: &QuantizedConst) -> Result<Vec<f32>, String> {
+    let granularity = granularity_of(c);
+    let (index, _) = param_index(&c.shape, granularity)?;
+    Ok(c.values.iter().zip(&index).map(|(&q, &p)| c.params[p].scale * (q - c.params[p].zero_point) as f32).collect())
 }
 
 /// Integers as a tensor of a quantized type.
@@ -129,6 +175,12 @@ pub struct ConvertLog {
     pub constants: Vec<(String, QType, Granularity, usize)>,
     /// Weights whose scale was enlarged so the bias fits int32: (weight, channels changed).
     pub bias_adjusted: Vec<(String, usize)>,
+    /// Weight range search: (constant, factor applied to each slice's min/max scale).
+    pub weight_searched: Vec<(String, Vec<f32>)>,
+    /// Bias correction applied: (node, op, float shift added to the bias of each output channel).
+    pub bias_corrected: Vec<(String, String, Vec<f32>)>,
+    /// Weighted nodes bias correction left alone: (node, op, reason).
+    pub bias_uncorrected: Vec<(String, String, String)>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -251,7 +303,12 @@ fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
 /// the qparams of every group (`Err`: the group stays float, with the reason). With
 /// `contrib`, Q/DQ that would need opset 21 (16- and 4-bit types, not blocks) are written in
 /// ONNX Runtime's `com.microsoft` domain.
-pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool) -> Result<ConvertLog, String> {
+///
+/// With `means` (bias correction, [`crate::bias_correction`]), the float bias of every Conv
+/// and Gemm it watched is shifted by `E[(W − Ŵ)·x]` before it is quantized. With
+/// `weight_search`, symmetric constants take the scale of least squared error among
+/// 100 %, 99 %, ..., 80 % of their min/max scale, per slice.
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool, means: Option<&InputMeans>, weight_search: bool) -> Result<ConvertLog, String> {
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
     let prefix = if gi == 0 { String::new() } else { format!("{}@{gi}/", g.name) };
@@ -305,7 +362,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             match s {
                 Spec::Quantize(spec) => {
                     let Some((data, shape)) = const_data(g, v) else { continue };
-                    weights.insert((n, i), quantize_const(&data, &shape, spec, None).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?);
+                    weights.insert((n, i), quantize_const(&data, &shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?);
                 }
                 Spec::Derived { from, how: Derivation::BiasScale } => biases.push((n, i, from.clone())),
                 _ => {}
@@ -322,11 +379,26 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             continue;
         }
         let Some(bv) = g.node(n).ok().and_then(|nd| nd.input(i)) else { continue };
-        let Some((bias, bshape)) = const_data(g, bv) else { continue };
+        let Some((float_bias, bshape)) = const_data(g, bv) else { continue };
         let per_channel = w.params.len() > 1;
-        if per_channel && w.params.len() != bias.len() {
+        if per_channel && w.params.len() != float_bias.len() {
             continue;
         }
+        let wv = g.node(wn).ok().and_then(|nd| nd.input(wi)).expect("weight edge");
+        let node = g.node(n).map_err(|e| e.to_string())?;
+        let shift = |w: &QuantizedConst| -> Option<Result<Vec<f64>, String>> {
+            let means = means?;
+            let (data, shape) = const_data(g, wv)?;
+            Some(dequantize(w).and_then(|w_hat| means.shift(gi, n, node, &data, &w_hat, &shape)))
+        };
+        let shifted = |s: &Option<Result<Vec<f64>, String>>| -> Vec<f32> {
+            match s {
+                Some(Ok(s)) => float_bias.iter().zip(s).map(|(&b, &d)| (b as f64 + d) as f32).collect(),
+                _ => float_bias.clone(),
+            }
+        };
+        let mut correction = shift(w);
+        let mut bias = shifted(&correction);
         let limit = i32::MAX as f64;
         let mut changed = 0;
         let mut scales: Vec<f32> = w.params.iter().map(|p| p.scale).collect();
@@ -338,14 +410,22 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
         }
         if changed > 0 {
-            let wv = g.node(wn).ok().and_then(|nd| nd.input(wi)).expect("weight edge");
             let (data, shape) = const_data(g, wv).expect("weights are float constants");
             let spec = match a.spec(Edge::Input { node: wn, index: wi }) {
                 Some(Spec::Quantize(s)) => s.clone(),
                 _ => continue,
             };
-            *w = quantize_const(&data, &shape, &spec, Some(&scales))?;
+            *w = quantize_const(&data, &shape, &spec, Some(&scales), false)?;
             em.log.bias_adjusted.push((g.value_name(wv), changed));
+            if correction.is_some() {
+                correction = shift(w);
+                bias = shifted(&correction);
+            }
+        }
+        match correction {
+            Some(Ok(s)) => em.log.bias_corrected.push((node.display_name(n), node.op_type.clone(), s.iter().map(|&d| d as f32).collect())),
+            Some(Err(why)) => em.log.bias_uncorrected.push((node.display_name(n), node.op_type.clone(), why)),
+            None => {}
         }
         let params: Vec<QParams> = w.params.iter().map(|p| QParams { scale: sx * p.scale, zero_point: 0 }).collect();
         let values: Vec<i64> = bias.iter().enumerate().map(|(c, &b)| {
@@ -353,15 +433,19 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             quantize(b, p, i32::MIN as i64, i32::MAX as i64)
         }).collect();
         let param_shape = if per_channel { vec![params.len()] } else { vec![] };
-        bias_consts.push(((n, i), QuantizedConst { values, shape: bshape, params, param_shape, qtype: QType::S32, axis: per_channel.then_some(0), block_size: None }));
+        bias_consts.push(((n, i), QuantizedConst { values, shape: bshape, params, param_shape, qtype: QType::S32, axis: per_channel.then_some(0), block_size: None, searched: vec![] }));
     }
     let mut emitted: BTreeMap<(ValueId, String), ValueId> = BTreeMap::new();
     for ((n, i), c) in weights.into_iter().chain(bias_consts) {
         let v = g.node(n).ok().and_then(|nd| nd.input(i)).expect("annotated input");
-        let key = (v, format!("{:?}{:?}{:?}", c.qtype, c.param_shape, c.params.iter().map(|p| (p.scale.to_bits(), p.zero_point)).collect::<Vec<_>>()));
+        let values = if c.qtype == QType::S32 { format!("{:?}", c.values) } else { String::new() };
+        let key = (v, format!("{:?}{:?}{:?}{values}", c.qtype, c.param_shape, c.params.iter().map(|p| (p.scale.to_bits(), p.zero_point)).collect::<Vec<_>>()));
         let d = match emitted.get(&key) {
             Some(&d) => d,
             None => {
+                if !c.searched.is_empty() {
+                    em.log.weight_searched.push((g.value_name(v), c.searched.clone()));
+                }
                 let d = em.constant(v, &c);
                 em.log.constants.push((g.value_name(v), c.qtype, granularity_of(&c), c.params.len()));
                 emitted.insert(key, d);
@@ -370,6 +454,12 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         };
         em.patch.redirect_input(n, i, d);
         em.log.dequantized.push((d, Dequantized::Constant { node: n, input: i, float: v }));
+    }
+    if let Some(means) = means {
+        for (_, id, why) in means.skipped.iter().filter(|s| s.0 == gi) {
+            let node = g.node(*id).map_err(|e| e.to_string())?;
+            em.log.bias_uncorrected.push((node.display_name(*id), node.op_type.clone(), why.clone()));
+        }
     }
     let Emitter { patch, log, .. } = em;
     g.apply(patch).map_err(|e| e.to_string())?;
@@ -389,16 +479,46 @@ mod tests {
     use super::*;
     use crate::{Convention, QScheme};
 
+    fn sse(data: &[f32], c: &QuantizedConst) -> Vec<f64> {
+        let w = dequantize(c).unwrap();
+        let (index, _) = param_index(&c.shape, granularity_of(c)).unwrap();
+        let mut e = vec![0f64; c.params.len()];
+        for ((&x, &y), &p) in data.iter().zip(&w).zip(&index) {
+            e[p] += ((x - y) as f64).powi(2);
+        }
+        e
+    }
+
+    #[test]
+    fn weight_search_never_increases_the_squared_error_and_clips_lone_outliers() {
+        let scheme = QScheme::new(QType::S8, true, Convention::Ort);
+        let spec = QuantizationSpec { scheme, granularity: Granularity::PerAxis { axis: 0 }, observer: crate::spec::ObserverKind::MinMax, scale_min: None };
+        // Row 0: a uniform spread over [-1, 1] plus one outlier at 1.2; row 1: values on the
+        // min/max grid (exact).
+        let n = 1 << 16;
+        let mut data: Vec<f32> = (0..n).map(|i| (i * 40503 % n) as f32 / (n - 1) as f32 * 2.0 - 1.0).collect();
+        data[17] = 1.2;
+        data.extend((0..n).map(|i| (i % 255) as f32 - 127.0));
+        let plain = quantize_const(&data, &[2, n], &spec, None, false).unwrap();
+        let searched = quantize_const(&data, &[2, n], &spec, None, true).unwrap();
+        let (e0, e1) = (sse(&data, &plain), sse(&data, &searched));
+        for c in 0..2 {
+            assert!(e1[c] <= e0[c], "channel {c}: {} > {}", e1[c], e0[c]);
+        }
+        assert!(searched.params[0].scale < plain.params[0].scale && e1[0] < e0[0], "the outlier row trades clipping for resolution");
+        assert_eq!(searched.params[1].scale, plain.params[1].scale, "values on the grid keep the min/max scale");
+    }
+
     #[test]
     fn per_axis_and_per_block_parameters() {
         let data: Vec<f32> = (0..12).map(|i| i as f32 - 6.0).collect();
         let scheme = QScheme::new(QType::S8, true, Convention::Ort);
         let spec = |granularity| QuantizationSpec { scheme, granularity, observer: crate::spec::ObserverKind::MinMax, scale_min: None };
-        let c = quantize_const(&data, &[3, 4], &spec(Granularity::PerAxis { axis: 0 }), None).unwrap();
+        let c = quantize_const(&data, &[3, 4], &spec(Granularity::PerAxis { axis: 0 }), None, false).unwrap();
         assert_eq!(c.param_shape, vec![3]);
         assert_eq!(c.params[0].scale, 6.0 / 127.0);
         assert_eq!(c.values[0], -127);
-        let b = quantize_const(&data, &[3, 4], &spec(Granularity::PerBlock { axis: 1, block_size: 3 }), None).unwrap();
+        let b = quantize_const(&data, &[3, 4], &spec(Granularity::PerBlock { axis: 1, block_size: 3 }), None, false).unwrap();
         assert_eq!(b.param_shape, vec![3, 2], "4 columns in blocks of 3 give 2 blocks");
         // Row 0, block 1 holds only column 3 (value -3).
         assert_eq!(b.params[1].scale, 3.0 / 127.0);

@@ -10,6 +10,8 @@
 //! * [`quantizer`]: quantizers (annotation front ends); [`prepare`]: observation groups and
 //!   calibration hooks; [`convert`]: Q/DQ insertion; [`pipeline`]: the whole flow;
 //!   [`report`]: what was done.
+//! * [`bias_correction`]: per-channel bias correction of weight rounding, from input means
+//!   measured during calibration.
 //! * [`passes`]: graph passes (one file each).
 //! * [`htp`]: the HTP quantizer (rule registry, precisions, SoC generations as data).
 //! * [`compare`]: per-tensor error of a quantized model against its float original.
@@ -18,6 +20,7 @@
 
 pub mod annotation;
 pub mod backend;
+pub mod bias_correction;
 pub mod compare;
 pub mod convert;
 pub mod htp;

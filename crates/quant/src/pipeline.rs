@@ -8,6 +8,7 @@ use qforge_ir::{Model, Tensor};
 use qforge_runtime::{Session, SessionOptions};
 
 use crate::annotation::FloatKind;
+use crate::bias_correction::{InputMeans, WithInputMeans};
 use crate::convert::{convert_graph, group_qparams, ConvertLog};
 use crate::passes::{fold_affine, fold_constant_scales, fold_constants};
 use crate::prepare::QuantPlan;
@@ -119,6 +120,12 @@ pub struct QuantizeOptions {
     /// Fail when the target rejects a requested qconfig instead of keeping the node float, or
     /// when an annotation breaks the target's rules (the quantizer's `validate`).
     pub strict: bool,
+    /// Correct the bias of every Conv and Gemm for the mean output shift its weight rounding
+    /// causes on the calibration data ([`crate::bias_correction`]).
+    pub bias_correction: bool,
+    /// Choose each symmetric weight slice's scale by least squared error over 80-100 % of its
+    /// min/max scale instead of min/max.
+    pub weight_search: bool,
 }
 
 /// Errors of the pipeline, each naming the stage and what it concerns.
@@ -207,9 +214,10 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
     let calib_started = Instant::now();
     let workers = if plan.mergeable() && opts.threads != 1 { CALIBRATION_WORKERS.min(samples.len()) } else { 1 };
-    calibrate_samples(&session, &mut plan, samples, workers, progress)?;
+    let mut means = opts.bias_correction.then(|| InputMeans::new(&m.graph, &plan));
+    calibrate_samples(&session, &mut plan, means.as_mut(), samples, workers, progress)?;
     report.calibration_seconds = calib_started.elapsed().as_secs_f64();
-    Ok(Calibrated { model: m, plan, report, graph_names, started, max_opset: opts.max_opset })
+    Ok(Calibrated { model: m, plan, means, report, graph_names, started, max_opset: opts.max_opset, weight_search: opts.weight_search })
 }
 
 /// Samples in flight at once during calibration. Two runs share the session's thread pool,
@@ -221,33 +229,36 @@ const CALIBRATION_WORKERS: usize = 2;
 /// each worker calibrates its own copy of the plan on the samples it takes, and the copies are
 /// merged in worker order; merges are exact, so the result equals one sequential pass. The
 /// error reported is that of the first failing sample.
-fn calibrate_samples(session: &Session, plan: &mut QuantPlan, samples: &dyn SampleSource, workers: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
+/// `means`, when given, collects the input means of bias correction in the same runs.
+fn calibrate_samples(session: &Session, plan: &mut QuantPlan, mut means: Option<&mut InputMeans>, samples: &dyn SampleSource, workers: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
     let n = samples.len();
-    let run_one = |plan: &mut QuantPlan, i: usize| -> Result<(), QuantizeError> {
+    let run_one = |plan: &mut QuantPlan, means: Option<&mut InputMeans>, i: usize| -> Result<(), QuantizeError> {
         let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
-        session.run_with_hooks(feed, &mut plan.calibrator()).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
+        let mut hooks = WithInputMeans { inner: plan.calibrator(), means };
+        session.run_with_hooks(feed, &mut hooks).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
     };
     if workers <= 1 {
         for i in 0..n {
-            run_one(plan, i)?;
+            run_one(plan, means.as_deref_mut(), i)?;
             progress(i + 1, n);
         }
         return Ok(());
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (finished, finished_rx) = std::sync::mpsc::channel::<()>();
-    let mut results: Vec<(QuantPlan, Option<(usize, QuantizeError)>)> = std::thread::scope(|s| {
+    let mut results: Vec<(QuantPlan, Option<InputMeans>, Option<(usize, QuantizeError)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers).map(|_| {
             let mut local = plan.clone();
+            let mut local_means = means.as_deref().cloned();
             let (next, run_one, finished) = (&next, &run_one, finished.clone());
             s.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= n {
-                    return (local, None);
+                    return (local, local_means, None);
                 }
-                if let Err(e) = run_one(&mut local, i) {
+                if let Err(e) = run_one(&mut local, local_means.as_mut(), i) {
                     next.store(n, std::sync::atomic::Ordering::Relaxed);
-                    return (local, Some((i, e)));
+                    return (local, local_means, Some((i, e)));
                 }
                 let _ = finished.send(());
             })
@@ -259,11 +270,14 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, samples: &dyn Samp
         }
         handles.into_iter().map(|h| h.join().expect("calibration worker")).collect()
     });
-    if let Some((_, e)) = results.iter_mut().filter_map(|(_, e)| e.take()).min_by_key(|(i, _)| *i) {
+    if let Some((_, e)) = results.iter_mut().filter_map(|(_, _, e)| e.take()).min_by_key(|(i, _)| *i) {
         return Err(e);
     }
-    for (local, _) in &results {
+    for (local, local_means, _) in &results {
         plan.merge_observations(local).map_err(stage("calibrate"))?;
+        if let (Some(m), Some(l)) = (means.as_deref_mut(), local_means) {
+            m.merge(l);
+        }
     }
     Ok(())
 }
@@ -274,10 +288,13 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, samples: &dyn Samp
 pub struct Calibrated {
     pub model: Model,
     pub plan: QuantPlan,
+    /// The input means of bias correction, when it was asked for.
+    pub means: Option<InputMeans>,
     pub report: Report,
     graph_names: Vec<String>,
     started: Instant,
     max_opset: Option<i64>,
+    weight_search: bool,
 }
 
 /// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`:
@@ -297,14 +314,14 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 /// [`convert`], also returning what convert did in each graph of the plan
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
-    let Calibrated { model: mut m, plan, mut report, graph_names, started, max_opset } = c;
+    let Calibrated { model: mut m, plan, means, mut report, graph_names, started, max_opset, weight_search } = c;
     let params: Vec<_> = plan.groups.iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
     let mut need = opset_before;
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
     for gi in (0..plan.graphs.len()).rev() {
         let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
-        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21)).map_err(stage("convert"))?;
+        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21), means.as_ref(), weight_search).map_err(stage("convert"))?;
         g.remove_dead_nodes();
         need = need.max(log.min_opset);
         report.add_log(&graph_names[gi], &plan, &log);
@@ -320,6 +337,8 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     if need > opset_before {
         crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;
     }
+    report.bias_correction_enabled = means.is_some();
+    report.weight_range_search = weight_search;
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok((m, report, logs))

@@ -107,6 +107,17 @@ pub struct Report {
     pub constants: Vec<ConstantRecord>,
     /// Weights whose scale was enlarged so their bias fits int32: (weight, channels).
     pub bias_adjusted: Vec<(String, usize)>,
+    /// Whether weight scales were chosen by least squared error (`--weight-range mse`).
+    pub weight_range_search: bool,
+    /// The weights the range search narrowed: the factor applied to each channel's min/max
+    /// scale (1 where it kept min/max).
+    pub weight_ranges: Vec<WeightRangeRecord>,
+    /// Whether bias correction ran ([`crate::bias_correction`]).
+    pub bias_correction_enabled: bool,
+    /// Bias correction, node by node: the float shift added to each output channel's bias.
+    pub bias_correction: Vec<BiasCorrectionRecord>,
+    /// Weighted nodes bias correction left alone: (graph, node, op, reason).
+    pub bias_uncorrected: Vec<(String, String, String, String)>,
     /// Annotated nodes that break the target's rules.
     pub violations: Vec<ViolationRecord>,
     /// What an accuracy budget returned to float, decision by decision.
@@ -115,6 +126,29 @@ pub struct Report {
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
+}
+
+/// The scales the weight range search chose for one weight.
+#[derive(Debug, Clone, Serialize)]
+pub struct WeightRangeRecord {
+    pub graph: String,
+    pub value: String,
+    /// Channels whose scale is below its min/max scale.
+    pub narrowed: usize,
+    /// Per channel, the chosen scale over the min/max scale.
+    pub factors: Vec<f32>,
+}
+
+/// The bias correction of one node.
+#[derive(Debug, Clone, Serialize)]
+pub struct BiasCorrectionRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    /// The largest `|shift|` over the output channels.
+    pub max_abs_shift: f32,
+    /// The float value added to the bias of each output channel.
+    pub shift: Vec<f32>,
 }
 
 /// One QDQ unit rewritten into integer operators.
@@ -210,6 +244,20 @@ impl Report {
             scales: *scales,
         }));
         self.bias_adjusted.extend(log.bias_adjusted.iter().cloned());
+        self.weight_ranges.extend(log.weight_searched.iter().filter(|(_, f)| f.iter().any(|&x| x < 1.0)).map(|(value, factors)| WeightRangeRecord {
+            graph: graph.to_string(),
+            value: value.clone(),
+            narrowed: factors.iter().filter(|&&x| x < 1.0).count(),
+            factors: factors.clone(),
+        }));
+        self.bias_correction.extend(log.bias_corrected.iter().map(|(node, op, shift)| BiasCorrectionRecord {
+            graph: graph.to_string(),
+            node: node.clone(),
+            op: op.clone(),
+            max_abs_shift: shift.iter().fold(0f32, |m, d| m.max(d.abs())),
+            shift: shift.clone(),
+        }));
+        self.bias_uncorrected.extend(log.bias_uncorrected.iter().map(|(n, op, why)| (graph.to_string(), n.clone(), op.clone(), why.clone())));
     }
 
     /// A summary for people: counts, float nodes grouped by op and reason, warnings.
@@ -237,6 +285,12 @@ impl Report {
         }
         for (w, c) in &self.bias_adjusted {
             let _ = writeln!(s, "note: weight '{w}': scale enlarged on {c} channel(s) so the int32 bias does not overflow");
+        }
+        if self.weight_range_search {
+            let _ = writeln!(s, "weight range search: {} weight(s) with narrowed scales on {} channel(s)", self.weight_ranges.len(), self.weight_ranges.iter().map(|w| w.narrowed).sum::<usize>());
+        }
+        if self.bias_correction_enabled {
+            let _ = writeln!(s, "bias correction: {} node(s) corrected, {} left alone", self.bias_correction.len(), self.bias_uncorrected.len());
         }
         let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
         if nonfinite > 0 {
