@@ -89,31 +89,30 @@ fn integers_match(name: &str, form: Form) -> usize {
     compared
 }
 
+/// The benchmark models and how many integer tensors each must at least compare.
 const MODELS: [(&str, usize); 4] = [("ocr_cls", 50), ("orientation", 50), ("ocr_det", 100), ("silero_vad_16k_op15", 5)];
+
+/// [`integers_match`] on each of `models` in `form`, each comparing at least its count.
+fn all_match(form: Form, models: &[(&str, usize)]) {
+    for &(name, at_least) in models {
+        let n = integers_match(name, form);
+        println!("{name} ({form:?}): {n} integer tensors identical to ONNX Runtime's");
+        assert!(n >= at_least, "{name} ({form:?}): only {n} integer tensors compared; expected at least {at_least}");
+    }
+}
 
 #[test]
 fn every_integer_tensor_of_the_lowered_benchmark_models_matches_onnx_runtime() {
-    for (name, at_least) in MODELS {
-        let n = integers_match(name, Form::QforgeQOperator);
-        println!("{name}: {n} integer tensors identical to ONNX Runtime's");
-        assert!(n >= at_least, "{name}: only {n} integer tensors compared; the lowering should give at least {at_least}");
-    }
+    all_match(Form::QforgeQOperator, &MODELS);
 }
 
 #[test]
 fn qdq_benchmark_models_run_as_integer_kernels_like_onnx_runtime() {
-    for (name, at_least) in MODELS {
-        let n = integers_match(name, Form::QforgeQdq);
-        println!("{name} (QDQ): {n} integer tensors identical to optimized ONNX Runtime's");
-        assert!(n >= at_least, "{name}: only {n} integer tensors compared; expected at least {at_least}");
-    }
+    all_match(Form::QforgeQdq, &MODELS);
 }
 
 #[test]
 fn onnx_runtime_quantized_models_run_as_in_onnx_runtime() {
-    for (name, at_least) in [("ocr_cls", 50), ("orientation", 50), ("silero_vad_16k_op15", 5)] {
-        let n = integers_match(name, Form::OrtQdq);
-        println!("{name} (ONNX Runtime's QDQ): {n} integer tensors identical to optimized ONNX Runtime's");
-        assert!(n >= at_least, "{name}: only {n} integer tensors compared; expected at least {at_least}");
-    }
+    // ocr_det is left out: ONNX Runtime's quantizer takes about half a minute on it.
+    all_match(Form::OrtQdq, &[MODELS[0], MODELS[1], MODELS[3]]);
 }
