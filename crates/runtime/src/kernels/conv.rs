@@ -720,10 +720,7 @@ impl Padded {
                 first[..f0].fill(0.0);
                 second[..s0].fill(0.0);
                 let pairs = iw / 2;
-                for (k, pair) in row.chunks_exact(2).enumerate() {
-                    first[f0 + k] = pair[0];
-                    second[s0 + k] = pair[1];
-                }
+                deinterleave_pairs(&mut first[f0..f0 + pairs], &mut second[s0..s0 + pairs], &row[..2 * pairs]);
                 let (mut fe, se) = (f0 + pairs, s0 + pairs);
                 if iw % 2 == 1 {
                     first[fe] = row[iw - 1];
@@ -750,6 +747,48 @@ impl Padded {
             }
         }
     }
+}
+
+/// `a[k] = src[2k]`, `b[k] = src[2k + 1]` (`src` twice as long as `a` and `b`), sixteen
+/// pairs per shuffle with AVX-512F.
+#[inline(always)]
+fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
+    assert!(a.len() == b.len() && src.len() == 2 * a.len(), "src holds one pair per output");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above); lengths asserted above.
+        done = unsafe { deinterleave_avx512(a, b, src) };
+    }
+    for ((x, y), pair) in a[done..].iter_mut().zip(b[done..].iter_mut()).zip(src[2 * done..].chunks_exact(2)) {
+        *x = pair[0];
+        *y = pair[1];
+    }
+}
+
+/// The whole blocks of sixteen pairs of [`deinterleave_pairs`]; returns how many pairs it
+/// wrote.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `b` is as long as `a` and `src` twice as long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn deinterleave_avx512(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let n = a.len() / 16 * 16;
+    for k in (0..n).step_by(16) {
+        // SAFETY: k + 16 <= a.len() = b.len() and 2k + 32 <= src.len() (the caller's
+        // lengths); unaligned loads and stores are allowed.
+        unsafe {
+            let lo = _mm512_loadu_ps(src.as_ptr().add(2 * k));
+            let hi = _mm512_loadu_ps(src.as_ptr().add(2 * k + 16));
+            _mm512_storeu_ps(a.as_mut_ptr().add(k), _mm512_permutex2var_ps(lo, even, hi));
+            _mm512_storeu_ps(b.as_mut_ptr().add(k), _mm512_permutex2var_ps(lo, odd, hi));
+        }
+    }
+    n
 }
 
 /// [`depthwise_channel`] with AVX-512F intrinsics: each chunk of 16 output columns is one
@@ -1047,6 +1086,9 @@ mod tests {
             ([1, 6, 4, 3], [6, 6, 1, 1], [2, 1], [1, 1], [0, 0, 0, 0], 1),
             ([1, 5, 40, 70], [7, 5, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 1),
             ([1, 3, 30, 37], [6, 3, 3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 1),
+            // Strided depthwise rows wider than two 16-pair shuffles, odd and even padding.
+            ([1, 3, 9, 75], [3, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 3),
+            ([1, 2, 6, 66], [2, 1, 3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 2),
         ];
         for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
             let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
