@@ -26,7 +26,7 @@ pub fn exp(x: f32) -> f32 {
     let ni = (t.to_bits() as i32) - (ROUND.to_bits() as i32);
     let r = xc - n * LN2_HI - n * LN2_LO;
     // Minimax polynomial for e^r - 1 - r on |r| <= ln(2)/2 (the Cephes coefficients).
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 5.000_000_1e-1;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1) * r + 0.5;
     let y = p * (r * r) + r + 1.0;
     // 2^n as two factors, so n = 128 does not overflow the exponent field.
     let half = ni >> 1;
@@ -49,7 +49,7 @@ pub fn erf(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
     // 2/sqrt(pi) * sum (-1)^k x^(2k+1) / (k! (2k+1)), k <= 6: error < 1e-9 for |x| <= 0.5.
-    let near = x * (1.128_379_2 + z * (-0.376_126_4 + z * (0.112_837_92 + z * (-0.026_866_17 + z * (5.223_977_6e-3 + z * (-8.548_327e-4 + z * 1.205_533_3e-4))))));
+    let near = x * (std::f32::consts::FRAC_2_SQRT_PI + z * (-0.376_126_4 + z * (0.112_837_92 + z * (-0.026_866_17 + z * (5.223_977_6e-3 + z * (-8.548_327e-4 + z * 1.205_533_3e-4))))));
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let q = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152 + t * 1.061_405_4))));
     let far = 1.0 - q * exp(-z);

@@ -168,7 +168,7 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
 pub fn strided_copy(x: &Tensor, shape: &[usize], offset: usize, st: &[isize]) -> RuntimeResult<Tensor> {
     let n: usize = shape.iter().product();
     let width = x.dtype().bits() / 8;
-    if x.strings().is_some() || x.dtype().bits() % 8 != 0 || width == 0 || n == 0 {
+    if x.strings().is_some() || !x.dtype().bits().is_multiple_of(8) || width == 0 || n == 0 {
         let index = StridedIndex::new(shape, offset, st);
         return gather_elements(x, shape, index.take(n));
     }
