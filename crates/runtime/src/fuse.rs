@@ -2,7 +2,7 @@
 //!
 //! [`Plan::fused`] derives from a planned graph a second plan in which chains of elementwise
 //! steps (Add/Sub/Mul/Div with constants or with each other, Relu, Clip, Sigmoid, Tanh,
-//! HardSigmoid, HardSwish, LeakyRelu, inference BatchNormalization) run as one step: as the
+//! Erf, HardSigmoid, HardSwish, LeakyRelu, inference BatchNormalization) run as one step: as the
 //! epilogue of the Conv that produces their input, applied to each output block while it is
 //! in cache, or as one fused elementwise pass. The values inside a fused group are never
 //! materialized, so the fused plan serves only runs that no hook observes; runs with hooks
@@ -22,6 +22,7 @@ use qforge_ir::{DType, Graph, OpsetImport, Tensor};
 
 use crate::kernels::conv::{build_conv, Conv};
 use crate::kernels::fused::{Binary, Inst, Operand, Param, ParamShape, Program, Scratch, Unary, MAX_OPERANDS};
+use crate::kernels::util::{assume_init, min_items, uninit_f32, ELEMENT_WORK};
 use crate::plan::{assign_frees, opset_of, Plan, Step};
 use crate::{kernel_error, Kernel, NodeInfo, RunCtx, RuntimeResult};
 
@@ -479,12 +480,14 @@ fn run_program(program: &Program, x: &Tensor, extras: &[&Tensor]) -> RuntimeResu
     let views: Vec<(&[f32], &[usize])> = extras.iter().map(|t| (t.as_slice::<f32>().unwrap(), t.shape())).collect();
     let Some(bound) = program.bind(x.shape(), &views) else { return Ok(None) };
     let xs = x.as_slice::<f32>().unwrap();
-    let mut out = crate::kernels::util::uninit_f32(xs.len());
+    let mut out = uninit_f32(xs.len());
     if xs.len() < 2 * CHUNK || rayon::current_num_threads() == 1 {
         bound.eval(&mut out, 0, xs, &mut Scratch::new());
     } else {
-        out.par_chunks_mut(CHUNK).enumerate().for_each_init(Scratch::new, |scratch, (i, chunk)| bound.eval(chunk, i * CHUNK, xs, scratch));
+        out.par_chunks_mut(CHUNK).with_min_len(min_items(CHUNK * ELEMENT_WORK)).enumerate().for_each_init(Scratch::new, |scratch, (i, chunk)| bound.eval(chunk, i * CHUNK, xs, scratch));
     }
+    // SAFETY: `eval` wrote every element of each chunk, and the chunks cover `out`.
+    let out = unsafe { assume_init(out) };
     Tensor::from_vec(x.shape(), out).map(Some).map_err(|e| kernel_error(e.to_string()))
 }
 
@@ -525,6 +528,7 @@ fn classify(s: &Step, g: &Graph, opsets: &[OpsetImport], consts: &HashMap<usize,
         "Relu" => unary(Unary::Relu),
         "Sigmoid" => unary(Unary::Sigmoid),
         "Tanh" => unary(Unary::Tanh),
+        "Erf" => unary(Unary::Erf),
         "HardSwish" => unary(Unary::HardSwish),
         "HardSigmoid" => unary(Unary::HardSigmoid { alpha: attr("alpha", 0.2), beta: attr("beta", 0.5) }),
         "LeakyRelu" => unary(Unary::LeakyRelu(attr("alpha", 0.01))),

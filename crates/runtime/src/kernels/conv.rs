@@ -1,11 +1,13 @@
 //! Convolutions (1-D and 2-D, grouped and depthwise) and transposed convolutions, NCHW.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::elementwise::{from_f32, to_f32};
 use super::fused::{Bound, Program, Scratch};
-use super::gemm::{sgemm, sgemm_strided, MatRef};
-use super::util::{input, kernel, opt_input, uninit_f32};
+use super::gemm::{sgemm_into, MatRef};
+use super::util::{assume_init, assume_init_mut, input, kernel, map_in_place, min_items, opt_input, uninit_f32, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 use qforge_ir::{DType, Tensor};
 
@@ -139,21 +141,37 @@ fn im2col_rows(x: &[f32], channels: usize, h: Axis, w: Axis, rows: std::ops::Ran
     }
 }
 
-/// A raw output pointer that tiles of one convolution write to disjointly.
+/// A convolution's output (`len` values, uninitialized until written) that parallel tiles
+/// write to disjointly through raw pointers.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every tile writes a disjoint set of output elements.
+struct OutPtr {
+    ptr: *mut f32,
+    len: usize,
+}
+// SAFETY: tiles write disjoint sets of output elements and read only what they wrote.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
-    /// The output from element `offset` to its end (`len` elements in all).
+    fn new(dst: &mut [MaybeUninit<f32>]) -> OutPtr {
+        OutPtr { ptr: dst.as_mut_ptr().cast::<f32>(), len: dst.len() }
+    }
+
+    /// Element `offset` (at most `len`).
+    fn at(self, offset: usize) -> *mut f32 {
+        assert!(offset <= self.len, "offset past the output");
+        // SAFETY: `offset` is within the allocation (or one past its end).
+        unsafe { self.ptr.add(offset) }
+    }
+
+    /// The `count` elements from `offset`, as values.
     ///
     /// # Safety
-    /// `offset <= len`, and no two live slices from one pointer may write the same element.
-    unsafe fn tail<'a>(self, offset: usize, len: usize) -> &'a mut [f32] {
-        // SAFETY: the caller keeps `offset` in bounds and the writes disjoint.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(offset), len - offset) }
+    /// They have been written, and no other live reference or concurrent write covers them.
+    unsafe fn region<'a>(self, offset: usize, count: usize) -> &'a mut [f32] {
+        assert!(offset + count <= self.len, "region past the output");
+        // SAFETY: in bounds (asserted), written and exclusive (the caller's guarantee).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), count) }
     }
 }
 
@@ -177,7 +195,7 @@ impl Finish<'_> {
                 let at = offset + done;
                 let run = (self.plane - at % self.plane).min(block.len() - done);
                 let b = bias[(at / self.plane) % self.channels];
-                map_into_mut(&mut block[done..done + run], |v| v + b);
+                map_in_place(&mut block[done..done + run], |v| v + b);
                 done += run;
             }
         }
@@ -187,65 +205,51 @@ impl Finish<'_> {
     }
 }
 
-/// `v = f(v)` over a slice, compiled for AVX2 when the CPU has it.
-#[inline(always)]
-fn map_into_mut(v: &mut [f32], f: impl Fn(f32) -> f32) {
-    #[inline(always)]
-    fn body(v: &mut [f32], f: impl Fn(f32) -> f32) {
-        for x in v.iter_mut() {
-            *x = f(*x);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        unsafe fn body_avx2(v: &mut [f32], f: impl Fn(f32) -> f32) {
-            body(v, f)
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { body_avx2(v, f) };
-        }
-    }
-    body(v, f)
-}
-
 /// Convolution of one image and group by tiles of output rows, written to `dst` (`mg`
 /// channel planes of `plane` elements; channel `ch` is output channel `ch0 + ch` of the
 /// image, whose first element is output element `base`): each tile unfolds its own columns
 /// (small enough to stay in cache), multiplies them with the weights and finishes its
 /// blocks; tiles run in parallel.
 #[allow(clippy::too_many_arguments)]
-fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [f32], base: usize, fin: Finish) {
+fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     let (oh, ow) = (h.output, w.output);
     let plane = oh * ow;
     let kdim = cg * h.kernel * w.kernel;
     // About 256 KiB of columns per tile, at least one output row.
     let rows_per_tile = ((64 * 1024) / (kdim * ow).max(1)).clamp(1, oh);
     let tiles: Vec<std::ops::Range<usize>> = (0..oh).step_by(rows_per_tile).map(|r| r..(r + rows_per_tile).min(oh)).collect();
-    let out = OutPtr(dst.as_mut_ptr());
-    let len = dst.len();
-    tiles.into_par_iter().for_each_init(|| (Vec::new(), Scratch::new()), |(col, scratch): &mut (Vec<f32>, Scratch), rows| {
+    let out = OutPtr::new(dst);
+    assert!(out.len >= mg * plane, "output too small");
+    tiles.into_par_iter().with_min_len(min_items(mg * kdim * rows_per_tile * ow)).for_each_init(|| (Vec::new(), Scratch::new()), |(col, scratch): &mut (Vec<f32>, Scratch), rows| {
         let width = rows.len() * ow;
         col.resize(kdim * width, 0.0);
         im2col_rows(src, cg, h, w, rows.clone(), col);
-        // SAFETY: rows are disjoint across tiles, so the column ranges written are disjoint;
-        // the slice covers from this tile's first column to the end of the output.
-        let c = unsafe { out.tail(rows.start * ow, len) };
-        sgemm_strided(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), c, plane, false, false);
-        finish_tile(fin, c, mg, plane, width, base + rows.start * ow, scratch);
+        // SAFETY: the `mg` rows of `width` columns `plane` apart from this tile's first
+        // column lie inside the output (asserted above) and belong to this tile alone (rows
+        // are disjoint across tiles); `col` and `weights` are other memory.
+        unsafe { sgemm_into(mg, width, kdim, MatRef::rows(weights, kdim), MatRef::rows(col, width), out.at(rows.start * ow), plane, false, false) };
+        // SAFETY: the product just wrote this tile's columns, which no other tile touches.
+        unsafe { finish_tile(fin, out, rows.start * ow, mg, plane, width, base + rows.start * ow, scratch) };
     });
 }
 
-/// Finishes a tile of `mg` channels by `width` columns at the start of `c` (channel planes
-/// `plane` apart; the tile's first element is output element `offset`): one block when the
-/// tile spans whole planes, else one per channel.
-fn finish_tile(fin: Finish, c: &mut [f32], mg: usize, plane: usize, width: usize, offset: usize, scratch: &mut Scratch) {
+/// Finishes a tile of `mg` channels by `width` columns from element `start` of `out`
+/// (channel planes `plane` apart; the tile's first element is output element `offset` of
+/// the whole convolution): one block when the tile spans whole planes, else one per
+/// channel.
+///
+/// # Safety
+/// The tile's elements have been written, and no other live reference or concurrent
+/// write covers them.
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish_tile(fin: Finish, out: OutPtr, start: usize, mg: usize, plane: usize, width: usize, offset: usize, scratch: &mut Scratch) {
     if width == plane {
-        fin.apply(&mut c[..mg * plane], offset, scratch);
+        // SAFETY: the tile is these whole planes (the caller's guarantee).
+        fin.apply(unsafe { out.region(start, mg * plane) }, offset, scratch);
     } else {
         for ch in 0..mg {
-            fin.apply(&mut c[ch * plane..ch * plane + width], offset + ch * plane, scratch);
+            // SAFETY: this channel's part of the tile (the caller's guarantee).
+            fin.apply(unsafe { out.region(start + ch * plane, width) }, offset + ch * plane, scratch);
         }
     }
 }
@@ -254,27 +258,28 @@ fn finish_tile(fin: Finish, c: &mut [f32], mg: usize, plane: usize, width: usize
 /// tiles of output columns, written to `dst` and finished tile by tile (see
 /// [`conv_tiled`]); tiles run in parallel.
 #[allow(clippy::too_many_arguments)]
-fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usize, dst: &mut [f32], base: usize, fin: Finish) {
+fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     // About 128 KiB of input per tile and at least 256 columns, in a multiple of the
     // thread count of tiles.
     let threads = rayon::current_num_threads().max(1);
     let target = (32 * 1024 / cg.max(1)).max(256);
     let tiles = plane.div_ceil(target).div_ceil(threads) * threads;
     let cols = plane.div_ceil(tiles).next_multiple_of(16).min(plane);
-    let out = OutPtr(dst.as_mut_ptr());
-    let len = dst.len();
+    let out = OutPtr::new(dst);
+    assert!(out.len >= mg * plane, "output too small");
     let run = |start: usize, scratch: &mut Scratch| {
         let width = cols.min(plane - start);
-        // SAFETY: column ranges are disjoint across tiles; the slice covers from this tile's
-        // first column to the end of the output.
-        let c = unsafe { out.tail(start, len) };
-        sgemm_strided(mg, width, cg, MatRef::rows(weights, cg), MatRef { data: &src[start..], rs: plane, cs: 1 }, c, plane, false, false);
-        finish_tile(fin, c, mg, plane, width, base + start, scratch);
+        // SAFETY: the `mg` rows of `width` columns `plane` apart from column `start` lie
+        // inside the output (asserted above) and belong to this tile alone (column ranges
+        // are disjoint across tiles); `src` and `weights` are other memory.
+        unsafe { sgemm_into(mg, width, cg, MatRef::rows(weights, cg), MatRef { data: &src[start..], rs: plane, cs: 1 }, out.at(start), plane, false, false) };
+        // SAFETY: the product just wrote this tile's columns, which no other tile touches.
+        unsafe { finish_tile(fin, out, start, mg, plane, width, base + start, scratch) };
     };
     if plane <= cols {
         run(0, &mut Scratch::new());
     } else {
-        (0..plane).into_par_iter().step_by(cols).for_each_init(Scratch::new, |scratch, start| run(start, scratch));
+        (0..plane).into_par_iter().step_by(cols).with_min_len(min_items(mg * cg * cols)).for_each_init(Scratch::new, |scratch, start| run(start, scratch));
     }
 }
 
@@ -304,7 +309,7 @@ const DIRECT_MB: usize = 8;
 /// (`mg` channel planes; its first element is output element `base`) and finished in
 /// groups of rows; groups run in parallel. Needs AVX-512F ([`direct_conv_applies`]).
 #[allow(clippy::too_many_arguments)]
-fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [f32], base: usize, fin: Finish) {
+fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     let (oh, ow) = (h.output, wa.output);
     let plane = oh * ow;
     if plane == 0 {
@@ -313,9 +318,9 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     let nx = if ow <= LANES { 1 } else { 2 };
     let geo = Padded::with_chunks(h, wa, nx);
     let chan = geo.channel_len();
-    let mut padded = uninit_f32(cg * chan);
+    let mut padded = vec![0f32; cg * chan];
     let plane_in = h.input * wa.input;
-    padded.par_chunks_mut(chan).enumerate().for_each(|(c, buf)| {
+    padded.par_chunks_mut(chan).with_min_len(min_items(chan * ELEMENT_WORK)).enumerate().for_each(|(c, buf)| {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
         unsafe {
@@ -325,26 +330,23 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     let taps = cg * h.kernel * wa.kernel;
     let packed = pack_direct(weights, mg, taps);
     let rows_per_task = 256usize.div_ceil(ow).min(oh);
-    let out = OutPtr(dst.as_mut_ptr());
-    let len = dst.len();
-    (0..oh).into_par_iter().step_by(rows_per_task).for_each_init(Scratch::new, |scratch, r0| {
+    let out = OutPtr::new(dst);
+    assert!(out.len >= mg * plane, "output too small");
+    (0..oh).into_par_iter().step_by(rows_per_task).with_min_len(min_items(rows_per_task * ow * mg * taps)).for_each_init(Scratch::new, |scratch, r0| {
         let r1 = (r0 + rows_per_task).min(oh);
-        // SAFETY: tasks own disjoint row ranges of every channel plane; the slice covers
-        // from this task's first element to the end of the output.
-        let c = unsafe { out.tail(r0 * ow, len) };
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
+        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F; rows
+        // `r0..r1` of every channel plane lie inside the output (asserted above) and
+        // belong to this task alone.
         unsafe {
             if nx == 1 {
-                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, mg, r0..r1, c, plane);
+                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, mg, r0..r1, out.at(r0 * ow), plane);
             } else {
-                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, mg, r0..r1, c, plane);
+                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, mg, r0..r1, out.at(r0 * ow), plane);
             }
         }
-        let width = (r1 - r0) * ow;
-        for ch in 0..mg {
-            fin.apply(&mut c[ch * plane..ch * plane + width], base + ch * plane + r0 * ow, scratch);
-        }
+        // SAFETY: the kernel just wrote these rows, which no other task touches.
+        unsafe { finish_tile(fin, out, r0 * ow, mg, plane, (r1 - r0) * ow, base + r0 * ow, scratch) };
     });
 }
 
@@ -362,17 +364,18 @@ fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
     packed
 }
 
-/// Output rows `rows` of every channel of [`conv_direct`], written to `out` (whose element
-/// 0 is row `rows.start` of channel 0; planes `plane` apart), `NX` chunks of [`LANES`]
-/// columns at a time.
+/// Output rows `rows` of every channel of [`conv_direct`], written to `out` (row
+/// `rows.start` of channel 0; planes `plane` apart), `NX` chunks of [`LANES`] columns at a
+/// time.
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `padded` holds `cg` channels in `geo`'s layout and
-/// `packed` the weights as [`conv_direct`] packs them.
+/// `packed` the weights as [`conv_direct`] packs them; the rows `rows` of the `mg` planes
+/// at `out` are valid for writes and written by nothing else meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], mg: usize, rows: std::ops::Range<usize>, out: &mut [f32], plane: usize) {
+unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
     use std::arch::x86_64::*;
     let (h, wa) = (geo.h, geo.wa);
     let (ow, kh, kw, s) = (wa.output, h.kernel, wa.kernel, wa.stride);
@@ -380,8 +383,8 @@ unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: 
     let row_len = s * geo.len;
     let taps = cg * kh * kw;
     assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB);
-    assert!(rows.end <= h.output && out.len() >= (mg - 1) * plane + (rows.end - rows.start) * ow);
-    let offsets: Vec<usize> = (0..kh).flat_map(|ki| geo.taps.iter().map(move |&(phase, shift)| ki * h.dilation * row_len + phase * geo.len + shift)).collect();
+    assert!(rows.end <= h.output);
+    let offsets = &geo.offsets;
     for (r, oy) in rows.clone().enumerate() {
         for blk in 0..mg.div_ceil(DIRECT_MB) {
             let wblk = &packed[blk * taps * DIRECT_MB..(blk + 1) * taps * DIRECT_MB];
@@ -419,8 +422,8 @@ unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: 
                         let n = (ow - first).min(LANES);
                         let mask: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
                         // SAFETY: the mask keeps the store to the `n` columns left in this
-                        // row of channel `ch`, inside `out` (asserted above).
-                        unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(ch * plane + r * ow + first), mask, a[m]) };
+                        // row of channel `ch`, one of the caller's rows.
+                        unsafe { _mm512_mask_storeu_ps(out.add(ch * plane + r * ow + first), mask, a[m]) };
                     }
                 }
             }
@@ -561,8 +564,9 @@ fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: O
                 let out = &mut dst[g * mg * plane..(g + 1) * mg * plane];
                 let base = (b * m + g * mg) * plane;
                 if kdim == 0 {
-                    out.fill(0.0);
-                    fin.apply(out, base, &mut Scratch::new());
+                    out.iter_mut().for_each(|v| { v.write(0.0); });
+                    // SAFETY: written just above.
+                    fin.apply(unsafe { assume_init_mut(out) }, base, &mut Scratch::new());
                 } else if pointwise {
                     conv_pointwise(src, kdim, plane, wg, mg, out, base, fin);
                 } else if wa.output >= LANES && direct_conv_applies() {
@@ -573,7 +577,9 @@ fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: O
             }
         }
     }
-    Ok(Some((out, shape)))
+    // SAFETY: every path above writes every element of each group's output planes, and
+    // the groups of every image cover the whole output.
+    Ok(Some((unsafe { assume_init(out) }, shape)))
 }
 
 /// One filter per channel, written to `dst` (whose first element is output element `base`)
@@ -582,7 +588,7 @@ fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: O
 /// stride ([`Padded`]), so every tap of every output column reads inside the buffer at a
 /// fixed offset; output rows are then computed a few 16-column chunks at a time with the
 /// sums held in registers across all taps.
-fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32], base: usize, fin: Finish) {
+fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
     let plane = h.output * wa.output;
     if plane == 0 {
@@ -593,7 +599,7 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [f32], ba
     let rest = Finish { bias: None, ..fin };
     #[cfg(target_arch = "x86_64")]
     let (avx512, avx2) = (std::arch::is_x86_feature_detected!("avx512f"), std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"));
-    dst.par_chunks_mut(plane).enumerate().for_each_init(|| (Vec::new(), Scratch::new()), |(buf, scratch): &mut (Vec<f32>, Scratch), (ch, out)| {
+    dst.par_chunks_mut(plane).with_min_len(min_items(plane * kh * kw)).enumerate().for_each_init(|| (Vec::new(), Scratch::new()), |(buf, scratch): &mut (Vec<f32>, Scratch), (ch, out)| {
         let src = &img[ch * ih * iw..(ch + 1) * ih * iw];
         let k = &w[ch * kh * kw..(ch + 1) * kh * kw];
         buf.resize(geo.channel_len(), 0.0);
@@ -639,6 +645,12 @@ struct Padded {
     /// Column chunks computed together (1, 2 or 4 of [`LANES`]).
     chunks: usize,
     taps: Vec<(usize, usize)>,
+    /// Per tap `(ki, kj)`, in weight order: where its first value for output `(0, 0)` sits
+    /// in the buffer.
+    offsets: Vec<usize>,
+    /// Per phase: the positions `[lo, hi)` that hold input columns, from input column
+    /// `first` (position j holds input column `j * stride + phase - pad_begin`).
+    spans: Vec<(usize, usize, usize)>,
 }
 
 impl Padded {
@@ -661,7 +673,15 @@ impl Padded {
         let width = wa.output.div_ceil(span) * span;
         let len = width + taps.iter().map(|t| t.1).max().unwrap_or(0);
         let rows = (h.output - 1) * h.stride + (h.kernel - 1) * h.dilation + 1;
-        Padded { h, wa, rows, len, chunks, taps }
+        let row_len = s * len;
+        let offsets = (0..h.kernel).flat_map(|ki| taps.iter().map(move |&(phase, shift)| ki * h.dilation * row_len + phase * len + shift)).collect();
+        let (iw, pb) = (wa.input, wa.pad_begin);
+        let spans = (0..s).map(|p| {
+            let lo = pb.saturating_sub(p).div_ceil(s).min(len);
+            let hi = ((iw + pb).saturating_sub(p)).div_ceil(s).clamp(lo, len);
+            (lo, hi, (lo * s + p).saturating_sub(pb))
+        }).collect();
+        Padded { h, wa, rows, len, chunks, taps, offsets, spans }
     }
 
     /// Values one channel takes in this layout.
@@ -684,13 +704,6 @@ impl Padded {
     fn fill_into(&self, src: &[f32], buf: &mut [f32]) {
         let (s, iw, pb) = (self.wa.stride, self.wa.input, self.wa.pad_begin);
         let row_len = s * self.len;
-        // Per phase: the positions [lo, hi) that hold input columns, from column `first`
-        // (position j holds input column j * s + p - pb).
-        let spans: Vec<(usize, usize, usize)> = (0..s).map(|p| {
-            let lo = pb.saturating_sub(p).div_ceil(s).min(self.len);
-            let hi = ((iw + pb).saturating_sub(p)).div_ceil(s).clamp(lo, self.len);
-            (lo, hi, (lo * s + p).saturating_sub(pb))
-        }).collect();
         let deinterleave = s == 2 && self.len >= (iw + pb).div_ceil(2);
         for (r, dst) in buf.chunks_mut(row_len).enumerate() {
             let iy = r as isize - self.h.pad_begin as isize;
@@ -707,10 +720,7 @@ impl Padded {
                 first[..f0].fill(0.0);
                 second[..s0].fill(0.0);
                 let pairs = iw / 2;
-                for (k, pair) in row.chunks_exact(2).enumerate() {
-                    first[f0 + k] = pair[0];
-                    second[s0 + k] = pair[1];
-                }
+                deinterleave_pairs(&mut first[f0..f0 + pairs], &mut second[s0..s0 + pairs], &row[..2 * pairs]);
                 let (mut fe, se) = (f0 + pairs, s0 + pairs);
                 if iw % 2 == 1 {
                     first[fe] = row[iw - 1];
@@ -720,11 +730,13 @@ impl Padded {
                 second[se..].fill(0.0);
                 continue;
             }
-            for (phase, &(lo, hi, first)) in dst.chunks_mut(self.len).zip(&spans) {
+            for (phase, &(lo, hi, first)) in dst.chunks_mut(self.len).zip(&self.spans) {
                 for v in &mut phase[..lo] {
                     *v = 0.0;
                 }
-                if hi > lo {
+                if s == 1 {
+                    phase[lo..hi].copy_from_slice(&row[first..first + hi - lo]);
+                } else if hi > lo {
                     for (d, v) in phase[lo..hi].iter_mut().zip(row[first..].iter().step_by(s)) {
                         *d = *v;
                     }
@@ -737,17 +749,59 @@ impl Padded {
     }
 }
 
+/// `a[k] = src[2k]`, `b[k] = src[2k + 1]` (`src` twice as long as `a` and `b`), sixteen
+/// pairs per shuffle with AVX-512F.
+#[inline(always)]
+fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
+    assert!(a.len() == b.len() && src.len() == 2 * a.len(), "src holds one pair per output");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above); lengths asserted above.
+        done = unsafe { deinterleave_avx512(a, b, src) };
+    }
+    for ((x, y), pair) in a[done..].iter_mut().zip(b[done..].iter_mut()).zip(src[2 * done..].chunks_exact(2)) {
+        *x = pair[0];
+        *y = pair[1];
+    }
+}
+
+/// The whole blocks of sixteen pairs of [`deinterleave_pairs`]; returns how many pairs it
+/// wrote.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `b` is as long as `a` and `src` twice as long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn deinterleave_avx512(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let n = a.len() / 16 * 16;
+    for k in (0..n).step_by(16) {
+        // SAFETY: k + 16 <= a.len() = b.len() and 2k + 32 <= src.len() (the caller's
+        // lengths); unaligned loads and stores are allowed.
+        unsafe {
+            let lo = _mm512_loadu_ps(src.as_ptr().add(2 * k));
+            let hi = _mm512_loadu_ps(src.as_ptr().add(2 * k + 16));
+            _mm512_storeu_ps(a.as_mut_ptr().add(k), _mm512_permutex2var_ps(lo, even, hi));
+            _mm512_storeu_ps(b.as_mut_ptr().add(k), _mm512_permutex2var_ps(lo, odd, hi));
+        }
+    }
+    n
+}
+
 /// [`depthwise_channel`] with AVX-512F intrinsics: each chunk of 16 output columns is one
-/// register, multiply-adds are fused, the last chunk of a row is stored masked. Narrow rows
-/// are computed several at a time, so independent sums hide the multiply-add latency.
+/// register, multiply-adds are fused, the last chunk of a row is stored masked. Rows are
+/// computed several at a time, so eight independent sums hide the multiply-add latency.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn depthwise_channel_avx512(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+unsafe fn depthwise_channel_avx512(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     match d.chunks {
-        1 => depthwise_rows_avx512::<1, 4>(d, buf, k, bias, out, at, fin, scratch),
-        2 => depthwise_rows_avx512::<2, 2>(d, buf, k, bias, out, at, fin, scratch),
-        _ => depthwise_rows_avx512::<4, 1>(d, buf, k, bias, out, at, fin, scratch),
+        1 => depthwise_rows_avx512::<1, 8>(d, buf, k, bias, out, at, fin, scratch),
+        2 => depthwise_rows_avx512::<2, 4>(d, buf, k, bias, out, at, fin, scratch),
+        _ => depthwise_rows_avx512::<4, 2>(d, buf, k, bias, out, at, fin, scratch),
     }
 }
 
@@ -755,13 +809,12 @@ unsafe fn depthwise_channel_avx512(d: &Padded, buf: &[f32], k: &[f32], bias: f32
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     use std::arch::x86_64::*;
     let (h, wa) = (d.h, d.wa);
     let (oh, ow, kw, s) = (h.output, wa.output, wa.kernel, wa.stride);
     let row_len = s * d.len;
     assert!(buf.len() >= d.rows * row_len && k.len() >= h.kernel * kw && out.len() >= oh * ow);
-    let offsets: Vec<(usize, f32)> = (0..h.kernel).flat_map(|ki| d.taps.iter().enumerate().map(move |(kj, &(phase, shift))| (ki * h.dilation * row_len + phase * d.len + shift, k[ki * kw + kj]))).collect();
     let rows_per_finish = 512usize.div_ceil(ow).next_multiple_of(R);
     let mut unfinished = 0;
     for oy0 in (0..oh).step_by(R) {
@@ -769,7 +822,7 @@ unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf:
         let rows: [usize; R] = std::array::from_fn(|r| (oy0 + r).min(oh - 1));
         for x0 in (0..ow).step_by(C * LANES) {
             let mut acc = [[_mm512_set1_ps(bias); C]; R];
-            for &(off, wt) in &offsets {
+            for (&off, &wt) in d.offsets.iter().zip(k) {
                 let wv = _mm512_set1_ps(wt);
                 for (r, row_acc) in acc.iter_mut().enumerate() {
                     let start = rows[r] * h.stride * row_len + off + x0;
@@ -797,13 +850,14 @@ unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf:
                     let mask: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
                     // SAFETY: the mask keeps the store to the `n` columns left in this output
                     // row, inside `out` (asserted above).
-                    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(dst + c * LANES), mask, *a) };
+                    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(dst + c * LANES).cast::<f32>(), mask, *a) };
                 }
             }
         }
         let done = (oy0 + R).min(oh);
         if done - unfinished >= rows_per_finish || done == oh {
-            fin.apply(&mut out[unfinished * ow..done * ow], at + unfinished * ow, scratch);
+            // SAFETY: rows up to `done` are stored above.
+            fin.apply(unsafe { assume_init_mut(&mut out[unfinished * ow..done * ow]) }, at + unfinished * ow, scratch);
             unfinished = done;
         }
     }
@@ -813,7 +867,7 @@ unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn depthwise_channel_avx2(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+unsafe fn depthwise_channel_avx2(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     depthwise_channel::<true>(d, buf, k, bias, out, at, fin, scratch)
 }
 
@@ -822,7 +876,7 @@ unsafe fn depthwise_channel_avx2(d: &Padded, buf: &[f32], k: &[f32], bias: f32, 
 /// are fused (only where the CPU has FMA).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_channel<const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+fn depthwise_channel<const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     match d.chunks {
         1 => depthwise_rows::<1, FMA>(d, buf, k, bias, out, at, fin, scratch),
         2 => depthwise_rows::<2, FMA>(d, buf, k, bias, out, at, fin, scratch),
@@ -833,7 +887,7 @@ fn depthwise_channel<const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: 
 /// [`depthwise_channel`] with `C` chunks of [`LANES`] columns computed together.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [f32], at: usize, fin: Finish, scratch: &mut Scratch) {
+fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     let (h, wa) = (d.h, d.wa);
     let (ow, kw, s) = (wa.output, wa.kernel, wa.stride);
     let row_len = s * d.len;
@@ -858,11 +912,12 @@ fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &
             }
             let n = (ow - x0).min(C * LANES);
             for (o, v) in o[x0..x0 + n].iter_mut().zip(acc.iter().flatten()) {
-                *o = *v;
+                o.write(*v);
             }
         }
         if oy + 1 - unfinished == rows_per_finish || oy + 1 == h.output {
-            fin.apply(&mut out[unfinished * ow..(oy + 1) * ow], at + unfinished * ow, scratch);
+            // SAFETY: every column of rows up to `oy` is written above.
+            fin.apply(unsafe { assume_init_mut(&mut out[unfinished * ow..(oy + 1) * ow]) }, at + unfinished * ow, scratch);
             unfinished = oy + 1;
         }
     }
@@ -927,13 +982,17 @@ fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let (xv, wv) = (to_f32(x)?, to_f32(wt)?);
         let kdim = mg * kh * kw;
         let mut out = vec![0f32; n * m * oh * ow];
-        let mut col = uninit_f32(kdim * ih * iw);
+        let mut col_buf = uninit_f32(kdim * ih * iw);
         for b in 0..n {
             for g in 0..group {
                 let src = &xv[(b * c + g * cg) * ih * iw..(b * c + (g + 1) * cg) * ih * iw];
                 let wg = &wv[g * cg * kdim..(g + 1) * cg * kdim];
                 // col[kdim x ih*iw] = wg^T [kdim x cg] * src [cg x ih*iw]
-                sgemm(kdim, ih * iw, cg, MatRef::transposed(wg, kdim), MatRef::rows(src, ih * iw), &mut col, false);
+                // SAFETY: `col_buf` holds the `kdim` rows of `ih * iw` values written here and
+                // is borrowed by nothing else.
+                unsafe { sgemm_into(kdim, ih * iw, cg, MatRef::transposed(wg, kdim), MatRef::rows(src, ih * iw), col_buf.as_mut_ptr().cast::<f32>(), ih * iw, false, true) };
+                // SAFETY: the product just wrote every element.
+                let col: &[f32] = unsafe { assume_init_mut(&mut col_buf) };
                 let dst = &mut out[(b * m + g * mg) * oh * ow..(b * m + (g + 1) * mg) * oh * ow];
                 dst.par_chunks_mut(oh * ow).enumerate().for_each(|(oc, plane)| {
                     for ki in 0..kh {
@@ -1027,6 +1086,9 @@ mod tests {
             ([1, 6, 4, 3], [6, 6, 1, 1], [2, 1], [1, 1], [0, 0, 0, 0], 1),
             ([1, 5, 40, 70], [7, 5, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 1),
             ([1, 3, 30, 37], [6, 3, 3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 1),
+            // Strided depthwise rows wider than two 16-pair shuffles, odd and even padding.
+            ([1, 3, 9, 75], [3, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 3),
+            ([1, 2, 6, 66], [2, 1, 3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 2),
         ];
         for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
             let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();

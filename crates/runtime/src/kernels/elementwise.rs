@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
-use super::util::{binary, input, kernel, map_into, opt_input, slice, tensor, ternary};
+use super::util::{binary, input, kernel, map_into, min_items, opt_input, slice, tensor, ternary, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the elementwise operators.
@@ -81,9 +81,10 @@ pub fn values_from_f32(dtype: DType, shape: &[usize], v: Vec<f32>) -> RuntimeRes
     }
 }
 
-/// The logistic function, as the Sigmoid kernel computes it.
+/// The logistic function, as the Sigmoid kernel computes it (vectorizable).
+#[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + super::math::exp(-x))
 }
 
 /// A unary float kernel: `f` is monomorphized into the loop (so it vectorizes) and applied
@@ -95,7 +96,7 @@ fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult
         let x = input(ins, 0)?;
         let src = to_f32(x)?;
         let mut v = vec![0f32; src.len()];
-        v.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| map_into(d, s, f));
+        v.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).with_min_len(min_items(CHUNK * ELEMENT_WORK)).for_each(|(d, s)| map_into(d, s, f));
         Ok(vec![from_f32(x.dtype(), x.shape(), v)?])
     })
 }
@@ -107,9 +108,9 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         "Sigmoid" => unary(sigmoid),
         "Tanh" => unary(f32::tanh),
         "Sqrt" => unary(f32::sqrt),
-        "Exp" => unary(f32::exp),
+        "Exp" => unary(super::math::exp),
         "Log" => unary(f32::ln),
-        "Erf" => unary(libm::erff),
+        "Erf" => unary(super::math::erf),
         "Reciprocal" => unary(|x: f32| 1.0 / x),
         "Floor" => unary(f32::floor),
         "Ceil" => unary(f32::ceil),
@@ -146,7 +147,7 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         "Gelu" if info.attr_str("approximate", "none") == "tanh" => {
             unary(|x: f32| 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
         }
-        "Gelu" => unary(|x: f32| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2))),
+        "Gelu" => unary(|x: f32| 0.5 * x * (1.0 + super::math::erf(x / std::f32::consts::SQRT_2))),
         "Mish" => unary(|x: f32| x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh()),
         other => Err(info.error(format!("{other} is not a unary float op"))),
     }

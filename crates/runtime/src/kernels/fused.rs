@@ -5,7 +5,10 @@
 //! inputs and constant parameters; each op computes exactly the f32 expression of its
 //! stand-alone kernel, so a fused run gives the same bits as the unfused one.
 
+use std::mem::MaybeUninit;
+
 use super::elementwise::sigmoid;
+use super::util::write_slice;
 
 /// A unary op of a program, with its attributes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,6 +16,7 @@ pub enum Unary {
     Relu,
     Sigmoid,
     Tanh,
+    Erf,
     HardSigmoid { alpha: f32, beta: f32 },
     HardSwish,
     LeakyRelu(f32),
@@ -27,6 +31,7 @@ impl Unary {
             Unary::Relu => x.max(0.0),
             Unary::Sigmoid => sigmoid(x),
             Unary::Tanh => x.tanh(),
+            Unary::Erf => super::math::erf(x),
             Unary::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
             Unary::HardSwish => x * (x * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0),
             Unary::LeakyRelu(a) => if x < 0.0 { a * x } else { x },
@@ -104,15 +109,23 @@ impl<'a> Periodic<'a> {
             return None;
         }
         let lead = out.len() - shape.len();
-        let full: Vec<usize> = std::iter::repeat_n(1, lead).chain(shape.iter().copied()).collect();
-        if full.iter().zip(out).any(|(&d, &o)| d != 1 && d != o) {
-            return None;
+        // The first and last dimensions where the data is not broadcast, and their count.
+        let (mut first, mut last, mut count) = (usize::MAX, 0, 0);
+        for (d, &o) in out.iter().enumerate() {
+            let n = if d < lead { 1 } else { shape[d - lead] };
+            if n != 1 && n != o {
+                return None;
+            }
+            if n != 1 {
+                first = first.min(d);
+                last = d;
+                count += 1;
+            }
         }
-        let dims: Vec<usize> = (0..out.len()).filter(|&d| full[d] != 1).collect();
-        let (Some(&first), Some(&last)) = (dims.first(), dims.last()) else {
+        if count == 0 {
             return values.first().map(|&v| Periodic::Scalar(v));
-        };
-        if dims.len() != last - first + 1 {
+        }
+        if count != last - first + 1 {
             return None;
         }
         Some(Periodic::Repeat { values, inner: out[last + 1..].iter().product() })
@@ -253,12 +266,12 @@ impl Bound<'_> {
     }
 
     /// Writes the program's result for the elements `[offset, offset + out.len())` to
-    /// `out`, reading input 0 from `primary` (all of it).
-    pub fn eval(&self, out: &mut [f32], offset: usize, primary: &[f32], scratch: &mut Scratch) {
+    /// every element of `out`, reading input 0 from `primary` (all of it).
+    pub fn eval(&self, out: &mut [MaybeUninit<f32>], offset: usize, primary: &[f32], scratch: &mut Scratch) {
         self.blocks(offset, out.len(), |at, len| {
             let r = self.eval_block(&primary[at..at + len], at, scratch);
             let local = at - offset;
-            out[local..local + len].copy_from_slice(&scratch[r..r + len]);
+            write_slice(&mut out[local..local + len], &scratch[r..r + len]);
         });
     }
 
@@ -370,6 +383,7 @@ fn unary(op: Unary, d: &mut [f32], a: Src) {
         Unary::Relu => map(d, a, |x| Unary::Relu.apply(x)),
         Unary::Sigmoid => map(d, a, |x| Unary::Sigmoid.apply(x)),
         Unary::Tanh => map(d, a, |x| Unary::Tanh.apply(x)),
+        Unary::Erf => map(d, a, |x| Unary::Erf.apply(x)),
         Unary::HardSigmoid { alpha, beta } => map(d, a, |x| Unary::HardSigmoid { alpha, beta }.apply(x)),
         Unary::HardSwish => map(d, a, |x| Unary::HardSwish.apply(x)),
         Unary::LeakyRelu(s) => map(d, a, |x| Unary::LeakyRelu(s).apply(x)),
@@ -412,6 +426,7 @@ fn binary(op: Binary, d: &mut [f32], a: Src, b: Src) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::util::{assume_init, uninit_f32};
 
     #[test]
     fn program_matches_op_by_op_evaluation() {
@@ -441,9 +456,11 @@ mod tests {
             Unary::HardSwish.apply(a) / 6.0 + r[i]
         }).collect();
         let bound = prog.bind(&shape, &[(&r, &shape)]).unwrap();
-        let mut out = vec![0.0; 30];
+        let mut out = uninit_f32(30);
         let mut scratch = vec![];
         bound.eval(&mut out, 0, &x, &mut scratch);
+        // SAFETY: `eval` writes every element.
+        let out = unsafe { assume_init(out) };
         assert_eq!(out, want);
         let mut part = x[7..23].to_vec();
         bound.apply(&mut part, 7, &mut scratch);
@@ -459,7 +476,10 @@ mod tests {
         };
         let s = [10.0, 20.0, 30.0];
         let bound = prog2.bind(&shape, &[(&s, &[1, 3, 1, 1])]).unwrap();
+        let mut out = uninit_f32(30);
         bound.eval(&mut out, 0, &x, &mut scratch);
+        // SAFETY: `eval` writes every element.
+        let out = unsafe { assume_init(out) };
         let want: Vec<f32> = (0..30).map(|i| ((i % 5 + 1) as f32 - x[i]) * s[i / 10]).collect();
         assert_eq!(out, want);
         assert!(prog2.bind(&[1, 3, 2, 4], &[(&s, &[1, 3, 1, 1])]).is_none());

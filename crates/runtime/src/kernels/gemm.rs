@@ -1,6 +1,8 @@
 //! The f32 matrix product behind MatMul, Gemm, Conv and the RNNs: one entry point so the
 //! underlying library (the `gemm` crate, with runtime AVX2/AVX-512 dispatch) can be swapped.
 
+use super::util::PAR_MIN_WORK;
+
 /// A row-major-or-strided f32 matrix view: element (i, j) is at `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 pub struct MatRef<'a> {
@@ -24,21 +26,33 @@ impl<'a> MatRef<'a> {
 /// Accumulates into `c` when `accumulate`, else overwrites it. Uses the current rayon pool's
 /// threads for large products.
 pub fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
-    sgemm_strided(m, n, k, a, b, c, n, accumulate, true)
+    assert!(c.len() >= m * n, "output too small");
+    // SAFETY: `c` is exclusively borrowed, initialized, and long enough (asserted above).
+    unsafe { sgemm_into(m, n, k, a, b, c.as_mut_ptr(), n, accumulate, true) }
 }
 
-/// [`sgemm`] with an explicit leading dimension `ldc` for `c`, and whether it may use
-/// several threads (callers that already run in parallel pass `false`).
+/// [`sgemm`] into raw output memory with leading dimension `ldc`: row `i` of the `m x n`
+/// result is written to `c.add(i * ldc)..` (and, when `accumulate`, added to the values
+/// there). `parallel`: whether it may use several threads (callers that already run in
+/// parallel pass `false`).
+///
+/// # Safety
+/// `ldc >= n`; the `m` rows of `n` elements at `c` are valid for writes, and for reads when
+/// `accumulate` (otherwise they may be uninitialized: they are only written); nothing else
+/// reads or writes them during the call, and they do not overlap `a` or `b`.
 #[allow(clippy::too_many_arguments)]
-pub fn sgemm_strided(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, accumulate: bool, parallel: bool) {
-    assert!(ldc >= n && (m == 0 || c.len() >= (m - 1) * ldc + n), "output too small");
+pub unsafe fn sgemm_into(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: *mut f32, ldc: usize, accumulate: bool, parallel: bool) {
+    assert!(ldc >= n, "the leading dimension is shorter than a row");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         if !accumulate {
-            for row in c.chunks_mut(ldc).take(m) {
-                row[..n].fill(0.0);
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: element (i, j) is inside the caller's rows.
+                    unsafe { c.add(i * ldc + j).write(0.0) };
+                }
             }
         }
         return;
@@ -46,13 +60,14 @@ pub fn sgemm_strided(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut
     let last = |v: &MatRef, r: usize, cc: usize| (r - 1) * v.rs + (cc - 1) * v.cs;
     assert!(last(&a, m, k) < a.data.len() && last(&b, k, n) < b.data.len(), "input view out of bounds");
     let threads = rayon::current_num_threads();
-    let par = if parallel && threads > 1 && m * n * k >= 64 * 64 * 64 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: the asserts above keep every accessed element inside the slices; `c` is
-    // exclusively borrowed and does not alias `a` or `b`.
+    let par = if parallel && threads > 1 && m * n * k >= 4 * PAR_MIN_WORK { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: the assert above keeps every element read from `a` and `b` inside the slices;
+    // the caller guarantees the output rows are valid, exclusive and disjoint from them,
+    // and the `gemm` crate reads the output only when `accumulate` (`read_dst`).
     unsafe {
         gemm::gemm(
             m, n, k,
-            c.as_mut_ptr(), 1, ldc as isize,
+            c, 1, ldc as isize,
             accumulate,
             a.data.as_ptr(), a.cs as isize, a.rs as isize,
             b.data.as_ptr(), b.cs as isize, b.rs as isize,

@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::{from_f32, to_f32};
-use super::util::{axis, input, kernel, opt_input};
+use super::util::{axis, input, kernel, lane_sum, opt_input, vectorized};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the normalization operators.
@@ -61,16 +61,18 @@ fn layer_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let mut v = to_f32(x)?.into_owned();
         let mut means = vec![0f32; rows];
         let mut inv = vec![0f32; rows];
-        v.par_chunks_mut(d.max(1)).zip(means.par_iter_mut().zip(inv.par_iter_mut())).for_each(|(row, (m, iv))| {
-            let mean = row.iter().sum::<f32>() / d as f32;
-            let var = row.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / d as f32;
-            let inv_std = 1.0 / (var + eps).sqrt();
-            for (k, x) in row.iter_mut().enumerate() {
-                *x = (*x - mean) * inv_std * scale[k] + bias.as_ref().map_or(0.0, |b| b[k]);
+        let d = d.max(1);
+        let norm_rows = |rows: &mut [f32], means: &mut [f32], inv: &mut [f32]| vectorized(|| {
+            for ((row, m), iv) in rows.chunks_mut(d).zip(means).zip(inv) {
+                (*m, *iv) = layer_norm_row(row, &scale, bias.as_deref(), eps);
             }
-            *m = mean;
-            *iv = inv_std;
         });
+        if v.len() < 1 << 15 || rayon::current_num_threads() == 1 {
+            norm_rows(&mut v, &mut means, &mut inv);
+        } else {
+            let per = (1 << 13) / d + 1;
+            v.par_chunks_mut(per * d).zip(means.par_chunks_mut(per).zip(inv.par_chunks_mut(per))).for_each(|(r, (m, iv))| norm_rows(r, m, iv));
+        }
         let stat_shape: Vec<usize> = s.iter().enumerate().map(|(i, &dim)| if i < ax { dim } else { 1 }).collect();
         Ok(vec![
             from_f32(x.dtype(), s, v)?,
@@ -78,6 +80,21 @@ fn layer_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             super::util::tensor(&stat_shape, inv)?,
         ])
     })
+}
+
+/// Normalizes one row in place to `(x - mean) / sqrt(var + eps) * scale + bias` (scale and
+/// bias as long as the row); returns the mean and `1 / sqrt(var + eps)`.
+#[inline(always)]
+fn layer_norm_row(row: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f32) -> (f32, f32) {
+    let d = row.len() as f32;
+    let mean = lane_sum(row, |x| x) / d;
+    let var = lane_sum(row, |x| (x - mean) * (x - mean)) / d;
+    let inv = 1.0 / (var + eps).sqrt();
+    match bias {
+        Some(b) => row.iter_mut().zip(scale).zip(b).for_each(|((x, &s), &b)| *x = (*x - mean) * inv * s + b),
+        None => row.iter_mut().zip(scale).for_each(|(x, &s)| *x = (*x - mean) * inv * s),
+    }
+    (mean, inv)
 }
 
 fn instance_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {

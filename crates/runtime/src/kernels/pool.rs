@@ -2,9 +2,9 @@
 
 use rayon::prelude::*;
 
-use super::conv::Window;
+use super::conv::{Axis, Window};
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, kernel, tensor};
+use super::util::{input, kernel, lane_sum, tensor, vectorized};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the pooling operators.
@@ -38,51 +38,120 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let (h, w) = (axes[0], axes[1]);
         let (oh, ow) = (h.output, w.output);
         let xv = if max { values_f32(x)? } else { to_f32(x)? };
+        let (rows, cols) = (Taps::of(h), Taps::of(w));
         let mut out = vec![0f32; n * c * oh * ow];
-        let planes: Vec<(usize, &mut [f32])> = out.chunks_mut(oh * ow).enumerate().collect();
-        let results: Vec<Vec<i64>> = planes.into_par_iter().map(|(p, dst)| {
+        let mut ind = if wants_indices { vec![0i64; out.len()] } else { vec![] };
+        let pool_plane = |p: usize, dst: &mut [f32], ind: &mut [i64]| {
             let src = &xv[p * ih * iw..(p + 1) * ih * iw];
-            let mut ind = vec![];
             for oy in 0..oh {
+                let (ys, yn) = rows.valid(oy);
                 for ox in 0..ow {
-                    let (mut best, mut best_i, mut sum, mut count) = (f32::NEG_INFINITY, 0usize, 0f32, 0usize);
-                    for ki in 0..kh {
-                        let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-                        for kj in 0..kw {
-                            let ix = (ox * w.stride + kj * w.dilation) as isize - w.pad_begin as isize;
-                            let inside = iy >= 0 && iy < ih as isize && ix >= 0 && ix < iw as isize;
-                            if inside {
-                                let v = src[iy as usize * iw + ix as usize];
-                                if v > best || (best.is_infinite() && count == 0) {
-                                    best = v;
-                                    best_i = iy as usize * iw + ix as usize;
-                                }
-                                sum += v;
-                                count += 1;
-                            } else if include_pad {
-                                // Padding counts only up to the padded extent, not beyond (ceil_mode).
-                                let in_pad = iy < (ih + h.pad_end) as isize && ix < (iw + w.pad_end) as isize;
-                                if in_pad { count += 1; }
-                            }
+                    let (xs, xn) = cols.valid(ox);
+                    let at = oy * ow + ox;
+                    if max {
+                        let (best, best_i) = window_max(src, iw, ys, yn, h.dilation, xs, xn, w.dilation);
+                        dst[at] = best;
+                        if wants_indices {
+                            let (y, x) = (best_i / iw, best_i % iw);
+                            ind[at] = if storage_order == 0 { (p * ih + y) * iw + x } else { p * ih * iw + x * ih + y } as i64;
                         }
-                    }
-                    dst[oy * ow + ox] = if max { best } else if count > 0 { sum / count as f32 } else { 0.0 };
-                    if wants_indices {
-                        let (y, x) = (best_i / iw, best_i % iw);
-                        let flat = if storage_order == 0 { (p * ih + y) * iw + x } else { p * ih * iw + x * ih + y };
-                        ind.push(flat as i64);
+                    } else {
+                        let count = if include_pad { rows.padded[oy] * cols.padded[ox] } else { yn * xn };
+                        let sum = window_sum(src, iw, ys, yn, h.dilation, xs, xn, w.dilation);
+                        dst[at] = if count > 0 { sum / count as f32 } else { 0.0 };
                     }
                 }
             }
-            ind
-        }).collect();
+        };
+        let planes = n * c;
+        let plane_out = (oh * ow).max(1);
+        if planes * ih * iw < 1 << 15 || rayon::current_num_threads() == 1 {
+            for (p, dst) in out.chunks_mut(plane_out).enumerate() {
+                let idx = if wants_indices { &mut ind[p * plane_out..(p + 1) * plane_out] } else { &mut [][..] };
+                pool_plane(p, dst, idx);
+            }
+        } else if wants_indices {
+            out.par_chunks_mut(plane_out).zip(ind.par_chunks_mut(plane_out)).enumerate().for_each(|(p, (dst, idx))| pool_plane(p, dst, idx));
+        } else {
+            out.par_chunks_mut(plane_out).enumerate().for_each(|(p, dst)| pool_plane(p, dst, &mut []));
+        }
         let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
         let mut outs = vec![values_from_f32(x.dtype(), &shape, out)?];
         if wants_indices {
-            outs.push(tensor(&shape, results.into_iter().flatten().collect::<Vec<i64>>())?);
+            outs.push(tensor(&shape, ind)?);
         }
         Ok(outs)
     })
+}
+
+/// The kernel taps of a pooling window along one axis, per output position: the input index
+/// of the first tap inside the input, the number of taps inside the input, and the number
+/// inside the padded extent (taps past the trailing padding, which `ceil_mode` can reach,
+/// do not count).
+struct Taps {
+    count: Vec<usize>,
+    /// Taps at an input index or in the padding, for `count_include_pad`.
+    padded: Vec<usize>,
+    /// Input index of the first valid tap.
+    start: Vec<usize>,
+}
+
+impl Taps {
+    fn of(a: Axis) -> Taps {
+        let mut t = Taps { count: vec![], padded: vec![], start: vec![] };
+        for o in 0..a.output {
+            let pos = |k: usize| (o * a.stride + k * a.dilation) as isize - a.pad_begin as isize;
+            let inside: Vec<usize> = (0..a.kernel).filter(|&k| pos(k) >= 0 && pos(k) < a.input as isize).collect();
+            t.count.push(inside.len());
+            t.start.push(inside.first().map_or(0, |&k| pos(k) as usize));
+            t.padded.push((0..a.kernel).filter(|&k| pos(k) < (a.input + a.pad_end) as isize).count());
+        }
+        t
+    }
+
+    /// Input index of the first valid tap and the number of valid taps at output `o`.
+    fn valid(&self, o: usize) -> (usize, usize) {
+        (self.start[o], self.count[o])
+    }
+}
+
+/// The largest of the `yn x xn` window of `src` (rows `iw` long) starting at row `ys`,
+/// column `xs`, taps `dy`/`dx` apart, and its flat index (the first one on ties; NaNs are
+/// skipped unless first). `(-inf, 0)` for an empty window.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn window_max(src: &[f32], iw: usize, ys: usize, yn: usize, dy: usize, xs: usize, xn: usize, dx: usize) -> (f32, usize) {
+    if yn == 0 || xn == 0 {
+        return (f32::NEG_INFINITY, 0);
+    }
+    let first = ys * iw + xs;
+    let (mut best, mut best_i) = (src[first], first);
+    for ky in 0..yn {
+        let row = (ys + ky * dy) * iw;
+        for kx in 0..xn {
+            let i = row + xs + kx * dx;
+            let v = src[i];
+            if v > best {
+                best = v;
+                best_i = i;
+            }
+        }
+    }
+    (best, best_i)
+}
+
+/// The sum of the window of [`window_max`], row by row.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn window_sum(src: &[f32], iw: usize, ys: usize, yn: usize, dy: usize, xs: usize, xn: usize, dx: usize) -> f32 {
+    let mut sum = 0f32;
+    for ky in 0..yn {
+        let row = (ys + ky * dy) * iw;
+        for kx in 0..xn {
+            sum += src[row + xs + kx * dx];
+        }
+    }
+    sum
 }
 
 fn global(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -95,9 +164,13 @@ fn global(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         let plane: usize = s[2..].iter().product();
         let xv = to_f32(x)?;
-        let out: Vec<f32> = xv.par_chunks(plane.max(1)).take(s[0] * s[1]).map(|p| {
-            if max { p.iter().copied().fold(f32::NEG_INFINITY, f32::max) } else { p.iter().sum::<f32>() / plane as f32 }
-        }).collect();
+        let reduce = |p: &[f32]| vectorized(|| if max { p.iter().copied().fold(f32::NEG_INFINITY, f32::max) } else { lane_sum(p, |v| v) / plane as f32 });
+        let planes = xv.chunks(plane.max(1)).take(s[0] * s[1]);
+        let out: Vec<f32> = if xv.len() < 1 << 15 || rayon::current_num_threads() == 1 {
+            planes.map(reduce).collect()
+        } else {
+            xv.par_chunks(plane.max(1)).take(s[0] * s[1]).map(reduce).collect()
+        };
         let mut shape = s[..2].to_vec();
         shape.extend(std::iter::repeat_n(1, s.len() - 2));
         Ok(vec![from_f32(x.dtype(), &shape, out)?])

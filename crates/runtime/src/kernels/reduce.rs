@@ -3,7 +3,8 @@
 use qforge_ir::Tensor;
 
 use super::elementwise::{from_f32, to_f32};
-use super::util::{axis, input, ints, kernel, opt_input, tensor};
+use super::math::exp;
+use super::util::{axis, input, ints, kernel, lane_sum, map_in_place, min_items, opt_input, tensor, vectorized, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the reduction operators.
@@ -91,7 +92,7 @@ fn reduce(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             _ => {
                 let m = reduce_f32(&v, s, &axes, f32::NEG_INFINITY, |a, b| a.max(b), |a, _| a);
                 let full: Vec<usize> = s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
-                let (mx, _) = super::util::binary(&v, s, &m, &full, |a, b| (a - b).exp())?;
+                let (mx, _) = super::util::binary(&v, s, &m, &full, |a, b| exp(a - b))?;
                 let sum = reduce_f32(&mx, s, &axes, 0.0, |a, b| a + b, |a, _| a);
                 sum.iter().zip(&m).map(|(s, m)| s.ln() + m).collect()
             }
@@ -171,16 +172,7 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let mut v = to_f32(x)?.into_owned();
         if inner == 1 && op == "Softmax" {
             use rayon::prelude::*;
-            v.par_chunks_mut(d.max(1)).with_min_len(64).for_each(|row| {
-                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for x in row.iter_mut() {
-                    *x = (*x - m).exp();
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                row.iter_mut().for_each(|x| *x *= inv);
-            });
+            v.par_chunks_mut(d.max(1)).with_min_len(min_items(d * ELEMENT_WORK)).for_each(|row| vectorized(|| softmax_row(row)));
             return Ok(vec![from_f32(x.dtype(), s, v)?]);
         }
         for o in 0..outer {
@@ -195,7 +187,7 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                     _ => {
                         let mut sum = 0.0;
                         for k in 0..d {
-                            let e = (v[at(k)] - m).exp();
+                            let e = exp(v[at(k)] - m);
                             sum += e;
                             if op == "Softmax" { v[at(k)] = e } else { v[at(k)] -= m }
                         }
@@ -212,6 +204,26 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         Ok(vec![from_f32(x.dtype(), s, v)?])
     })
+}
+
+/// Softmax of one row in place: `exp(x - max) / sum`. The max and the sum are taken over
+/// sixteen interleaved lanes, so both loops vectorize.
+#[inline(always)]
+fn softmax_row(row: &mut [f32]) {
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = row.chunks_exact(L);
+    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    // NaNs are skipped here; they reach every output through the sum.
+    let m = lanes.iter().copied().fold(tail, f32::max);
+    map_in_place(row, |x| exp(x - m));
+    let inv = 1.0 / lane_sum(row, |x| x);
+    map_in_place(row, |x| x * inv);
 }
 
 fn cumsum(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {

@@ -14,7 +14,7 @@ pub fn register(r: &mut Registry) {
 /// An RNN activation by its ONNX name, as `f(x, alpha, beta)`.
 fn activation(name: &str) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
     Ok(match name.to_ascii_lowercase().as_str() {
-        "sigmoid" => |x, _, _| 1.0 / (1.0 + (-x).exp()),
+        "sigmoid" => |x, _, _| super::elementwise::sigmoid(x),
         "tanh" => |x, _, _| x.tanh(),
         "relu" => |x, _, _| x.max(0.0),
         "hardsigmoid" => |x, a, b| (a * x + b).clamp(0.0, 1.0),

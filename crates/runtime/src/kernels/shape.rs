@@ -161,29 +161,105 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-/// Source indices of a general strided view, in row-major order of `shape`.
-fn strided_indices(shape: &[usize], offset: usize, st: &[isize]) -> Vec<usize> {
+/// A tensor of `shape` whose element at index `i` (row-major) is element
+/// `offset + sum_d i_d * st[d]` of `x`, for any element type: whole runs are copied when the
+/// innermost dimension is contiguous in `x`. The caller keeps every addressed element in
+/// bounds.
+pub fn strided_copy(x: &Tensor, shape: &[usize], offset: usize, st: &[isize]) -> RuntimeResult<Tensor> {
     let n: usize = shape.iter().product();
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
+    let width = x.dtype().bits() / 8;
+    if x.strings().is_some() || !x.dtype().bits().is_multiple_of(8) || width == 0 || n == 0 {
+        let index = StridedIndex::new(shape, offset, st);
+        return gather_elements(x, shape, index.take(n));
     }
-    let r = shape.len();
-    let mut idx = vec![0usize; r];
-    let mut cur = offset as isize;
-    for _ in 0..n {
-        out.push(cur as usize);
-        for d in (0..r).rev() {
+    // Output dimensions in order with size-1 ones dropped and neighbours that step through
+    // `x` as one dimension merged.
+    let mut dims: Vec<(usize, isize)> = vec![];
+    for (&d, &s) in shape.iter().zip(st) {
+        if d == 1 {
+            continue;
+        }
+        match dims.last_mut() {
+            Some(last) if last.1 == s * d as isize => *last = (last.0 * d, s),
+            _ => dims.push((d, s)),
+        }
+    }
+    if dims.is_empty() {
+        dims.push((1, 1));
+    }
+    let mut out = Tensor::zeros(x.dtype(), shape).map_err(|e| kernel_error(e.to_string()))?;
+    let (src, dst) = (x.raw_bytes().unwrap(), out.raw_bytes_mut().unwrap());
+    match width {
+        1 => copy_runs::<u8>(src, dst, &dims, offset),
+        2 => copy_runs::<u16>(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), &dims, offset),
+        4 => copy_runs::<u32>(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), &dims, offset),
+        8 => copy_runs::<u64>(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), &dims, offset),
+        _ => {
+            let index = StridedIndex::new(shape, offset, st);
+            return gather_elements(x, shape, index.take(n));
+        }
+    }
+    Ok(out)
+}
+
+/// Fills `dst` run by run along the last of `dims` (size, stride in `src`), the outer
+/// dimensions stepped as an odometer from `offset`.
+fn copy_runs<T: Copy>(src: &[T], dst: &mut [T], dims: &[(usize, isize)], offset: usize) {
+    let (inner, ist) = dims[dims.len() - 1];
+    let outer = &dims[..dims.len() - 1];
+    let mut idx = vec![0usize; outer.len()];
+    let mut at = offset as isize;
+    for run in dst.chunks_exact_mut(inner) {
+        let base = at as usize;
+        if ist == 1 {
+            run.copy_from_slice(&src[base..base + inner]);
+        } else {
+            for (k, d) in run.iter_mut().enumerate() {
+                *d = src[(at + k as isize * ist) as usize];
+            }
+        }
+        for d in (0..outer.len()).rev() {
             idx[d] += 1;
-            cur += st[d];
-            if idx[d] < shape[d] {
+            at += outer[d].1;
+            if idx[d] < outer[d].0 {
                 break;
             }
-            cur -= st[d] * shape[d] as isize;
+            at -= outer[d].1 * outer[d].0 as isize;
             idx[d] = 0;
         }
     }
-    out
+}
+
+/// The flat indices of a strided view, row-major (for element types without a fixed
+/// byte width).
+struct StridedIndex<'a> {
+    shape: &'a [usize],
+    st: &'a [isize],
+    idx: Vec<usize>,
+    cur: isize,
+}
+
+impl<'a> StridedIndex<'a> {
+    fn new(shape: &'a [usize], offset: usize, st: &'a [isize]) -> Self {
+        StridedIndex { shape, st, idx: vec![0; shape.len()], cur: offset as isize }
+    }
+}
+
+impl Iterator for StridedIndex<'_> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        let here = self.cur as usize;
+        for d in (0..self.shape.len()).rev() {
+            self.idx[d] += 1;
+            self.cur += self.st[d];
+            if self.idx[d] < self.shape[d] {
+                break;
+            }
+            self.cur -= self.st[d] * self.shape[d] as isize;
+            self.idx[d] = 0;
+        }
+        Some(here)
+    }
 }
 
 /// Transposes `x` by `perm`.
@@ -192,7 +268,7 @@ pub fn transpose_tensor(x: &Tensor, perm: &[usize]) -> RuntimeResult<Tensor> {
     let st = strides(s);
     let out_shape: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
     let out_st: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
-    gather_elements(x, &out_shape, strided_indices(&out_shape, 0, &out_st).into_iter())
+    strided_copy(x, &out_shape, 0, &out_st)
 }
 
 fn transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -315,9 +391,9 @@ pub fn split_tensor(x: &Tensor, ax: usize, sizes: &[usize]) -> RuntimeResult<Vec
     sizes.iter().map(|&len| {
         let mut shape = s.to_vec();
         shape[ax] = len;
-        let idx = (0..outer).flat_map(|o| (0..len * inner).map(move |i| o * s[ax] * inner + start * inner + i)).collect::<Vec<_>>();
+        let piece = strided_copy(x, &[outer, len * inner], start * inner, &[(s[ax] * inner) as isize, 1])?;
         start += len;
-        gather_elements(x, &shape, idx.into_iter())
+        piece.reshaped(&shape).map_err(err)
     }).collect()
 }
 
@@ -388,7 +464,7 @@ fn slice_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let st = strides(s);
         let offset: i64 = (0..r).map(|i| if count[i] > 0 { begin[i] * st[i] as i64 } else { 0 }).sum();
         let vstrides: Vec<isize> = (0..r).map(|i| (step[i] * st[i] as i64) as isize).collect();
-        Ok(vec![gather_elements(x, &count, strided_indices(&count, offset as usize, &vstrides).into_iter())?])
+        Ok(vec![strided_copy(x, &count, offset as usize, &vstrides)?])
     })
 }
 
@@ -413,6 +489,17 @@ fn gather(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let mut shape = s[..ax].to_vec();
         shape.extend_from_slice(idx.shape());
         shape.extend_from_slice(&s[ax + 1..]);
+        if inner > 1 && x.raw_bytes().is_some() && x.dtype().bits() % 8 == 0 {
+            // Whole runs of `inner` elements: one byte copy each.
+            let row = inner * x.dtype().bits() / 8;
+            let src = x.raw_bytes().unwrap();
+            let mut out = Tensor::zeros(x.dtype(), &shape).map_err(err)?;
+            let rows = (0..outer).flat_map(|o| resolved.iter().map(move |&j| o * s[ax] + j));
+            for (dst, r) in out.raw_bytes_mut().unwrap().chunks_exact_mut(row).zip(rows) {
+                dst.copy_from_slice(&src[r * row..(r + 1) * row]);
+            }
+            return Ok(vec![out]);
+        }
         let src = (0..outer).flat_map(|o| resolved.iter().flat_map(move |&j| (0..inner).map(move |i| (o * s[ax] + j) * inner + i)));
         Ok(vec![gather_elements(x, &shape, src)?])
     })

@@ -1,5 +1,7 @@
 //! Shared kernel helpers: input access, numpy broadcasting, axes, typed dispatch.
 
+use std::mem::MaybeUninit;
+
 use qforge_ir::{DType, Elem, Tensor};
 
 use crate::{kernel_error, Kernel, RunCtx, RuntimeResult};
@@ -24,17 +26,45 @@ where
     Ok(Box::new(FnKernel(f)))
 }
 
-/// A vector of `len` f32 whose contents are unspecified, for outputs a kernel writes
-/// completely: callers must write every element before reading any, and never hand it out
-/// before then.
-#[allow(clippy::uninit_vec)]
-pub fn uninit_f32(len: usize) -> Vec<f32> {
+/// Storage for `len` f32 that a kernel writes completely before anything reads it: the
+/// elements start uninitialized (sparing a zero-filling pass) and are written through raw
+/// pointers or [`MaybeUninit::write`]; [`assume_init`] and its siblings give the values once
+/// written.
+pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
     let mut v = Vec::with_capacity(len);
-    // SAFETY: the capacity is `len`; every f32 bit pattern is a valid value, and callers
-    // write each element before it is read (see above), which spares a zero-filling pass
-    // over memory the kernel overwrites anyway.
+    // SAFETY: the capacity is `len`, and `MaybeUninit` needs no initialization.
     unsafe { v.set_len(len) };
     v
+}
+
+/// The values of a buffer from [`uninit_f32`].
+///
+/// # Safety
+/// Every element of `v` has been written.
+pub unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, the allocation is handed over
+    // whole (pointer, length, capacity), and the caller guarantees every element is written.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
+}
+
+/// The values of a written region of a buffer from [`uninit_f32`].
+///
+/// # Safety
+/// Every element of `s` has been written.
+pub unsafe fn assume_init_mut(s: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`; the caller guarantees the values
+    // are initialized.
+    unsafe { &mut *(s as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
+/// Writes `src` into the region `dst` of a buffer from [`uninit_f32`] (equal lengths).
+#[inline(always)]
+pub fn write_slice(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "regions of one length");
+    for (d, &v) in dst.iter_mut().zip(src) {
+        d.write(v);
+    }
 }
 
 /// Input `i`, which must be present.
@@ -182,6 +212,21 @@ impl<const N: usize> Runs<N> {
     }
 }
 
+/// Work (multiply-adds, or elements times [`ELEMENT_WORK`]) below which a task is not split
+/// off to another thread: waking a worker and joining it costs more than such a share
+/// saves, and on a loaded machine a preempted worker stalls the join.
+pub const PAR_MIN_WORK: usize = 1 << 20;
+
+/// The work [`PAR_MIN_WORK`] counts per element of an elementwise pass.
+pub const ELEMENT_WORK: usize = 16;
+
+/// The fewest items of `work_per_item` each that a parallel task should take (for rayon's
+/// `with_min_len`): one task, on the calling thread, when all items together are less
+/// than [`PAR_MIN_WORK`].
+pub fn min_items(work_per_item: usize) -> usize {
+    PAR_MIN_WORK.div_ceil(work_per_item.max(1))
+}
+
 /// Elements per parallel chunk of elementwise work.
 const CHUNK: usize = 1 << 15;
 
@@ -236,6 +281,62 @@ pub fn map_into<T: Copy, O>(dst: &mut [O], src: &[T], f: impl Fn(T) -> O) {
         }
     }
     body(dst, src, f)
+}
+
+/// `v = f(v)` over a slice, compiled for AVX2 when the CPU has it.
+#[inline(always)]
+pub fn map_in_place(v: &mut [f32], f: impl Fn(f32) -> f32) {
+    #[inline(always)]
+    fn body(v: &mut [f32], f: impl Fn(f32) -> f32) {
+        for x in v.iter_mut() {
+            *x = f(*x);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn body_avx2(v: &mut [f32], f: impl Fn(f32) -> f32) {
+            body(v, f)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { body_avx2(v, f) };
+        }
+    }
+    body(v, f)
+}
+
+/// Runs `f` compiled for AVX2 when the CPU has it: loops that `f` inlines vectorize eight
+/// lanes wide.
+#[inline(always)]
+pub fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { avx2(f) };
+        }
+    }
+    f()
+}
+
+/// `sum f(v[i])`, accumulated in sixteen interleaved lanes so the loop vectorizes.
+#[inline(always)]
+pub fn lane_sum(v: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0f32; L];
+    let chunks = v.chunks_exact(L);
+    let tail: f32 = chunks.remainder().iter().map(|&x| f(x)).sum();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f(x);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// `dst[i] = f(a[i], b[i])`, compiled for AVX2 when the CPU has it.
