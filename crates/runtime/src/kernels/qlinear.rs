@@ -612,8 +612,8 @@ enum ConvKind {
 }
 
 /// Constant convolution weights prepared once: packed per group for the GEMM (depth order
-/// `(ki, kj, c)`) or, for QLinearConv on AVX-512 VNNI, per group for the NCHW kernel
-/// ([`qgemm::conv`]); neither for the depthwise kernel, which reads the bytes.
+/// `(ki, kj, c)`) and, when the convolution may run on the NCHW kernel ([`nchw_kernel`]),
+/// per group for that kernel too; neither for the depthwise kernel, which reads the bytes.
 struct ConvWeights {
     shape: Vec<usize>,
     dtype: DType,
@@ -658,36 +658,41 @@ fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<d
             return None;
         }
         let geo = ConvGeometry::weights(s, group);
-        let nchw_kernel = nchw_kernel(kind, &geo);
-        let groups = if geo.depthwise_shape() || nchw_kernel { vec![] } else { (0..group).map(|g| geo.pack(isa, wt, bytes, g)).collect() };
+        let groups = if geo.depthwise_shape() { vec![] } else { (0..group).map(|g| geo.pack(isa, wt, bytes, g)).collect() };
         Some(Arc::new(ConvWeights {
             shape: s.to_vec(),
             dtype: w.dtype(),
             groups,
             #[cfg(target_arch = "x86_64")]
-            nchw: if !nchw_kernel { vec![] } else { (0..group).map(|g| geo.pack_nchw(wt, bytes, g)).collect() },
+            nchw: if !nchw_kernel(kind, &geo, &window) { vec![] } else { (0..group).map(|g| geo.pack_nchw(wt, bytes, g)).collect() },
         }))
     });
     Ok(Box::new(QConv { kind, window, group, isa, weights }))
 }
 
-/// Whether a convolution of this kind and weight geometry runs on the NCHW kernel
-/// ([`qgemm::conv`]): QLinearConv on CPUs with AVX-512 VNNI, unless its im2col is deep and
-/// shared by few output channels (a `3 x 3` kernel over 96 channels into 24, say), where
-/// gathering the im2col of the NCHW image costs more than the channels-last GEMM's
-/// transposes.
-fn nchw_kernel(kind: ConvKind, geo: &ConvGeometry) -> bool {
+/// Whether a convolution of this kind, weight geometry and window may run on the NCHW kernel
+/// ([`qgemm::conv`]): QLinearConv with strides of at most 2 on CPUs with AVX-512 VNNI, unless
+/// its im2col is deep and shared by few output channels (a `3 x 3` kernel over 96 channels
+/// into 24, say), where gathering the im2col of the NCHW image costs more than the
+/// channels-last GEMM's transposes. Images of fewer than [`NCHW_MIN_PLANE`] output positions
+/// still take the GEMM (the kernel's tiles are 32 positions wide).
+fn nchw_kernel(kind: ConvKind, geo: &ConvGeometry, window: &Window) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         let cheap_im2col = geo.kh * geo.kw == 1 || geo.kdim() <= 64 || geo.mg >= 64;
-        kind == ConvKind::QLinear && !geo.depthwise_shape() && cheap_im2col && qgemm::conv::available()
+        let strides_ok = window.strides.as_ref().is_none_or(|s| s.iter().all(|&v| v <= 2));
+        kind == ConvKind::QLinear && !geo.depthwise_shape() && cheap_im2col && strides_ok && qgemm::conv::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kind, geo);
+        let _ = (kind, geo, window);
         false
     }
 }
+
+/// The fewest output positions per image for which [`nchw_kernel`] convolutions take the NCHW
+/// kernel.
+const NCHW_MIN_PLANE: usize = 64;
 
 /// The weight side of a convolution.
 #[derive(Clone, Copy)]
@@ -1015,7 +1020,7 @@ impl Kernel for QConv {
                     let img = &xb[b * c * plane_in..(b + 1) * c * plane_in];
                     depthwise(img, xt, x_zp, wb, wt, &w_zp, h, wa, requant.as_ref(), &mut out, b * m * plane);
                 }
-            } else if nchw_kernel(self.kind, &geo) {
+            } else if plane >= NCHW_MIN_PLANE && nchw_kernel(self.kind, &geo, &self.window) {
                 #[cfg(target_arch = "x86_64")]
                 {
                     let owned;
