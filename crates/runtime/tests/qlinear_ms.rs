@@ -132,7 +132,9 @@ fn qparams(c: &mut Case, prefix: &str, d: DType, rng: &mut Rng) -> (ValueId, Val
 #[test]
 fn qlinear_add_and_mul_match_onnx_runtime_with_broadcasting() {
     let dir = TempDir::new("qlms-bin");
-    let shapes: [(&[usize], &[usize]); 7] = [
+    // The last four are large enough to be split into chunks over threads (per-channel runs,
+    // scalars on either side, an odd length).
+    let shapes: [(&[usize], &[usize]); 11] = [
         (&[2, 3, 17], &[2, 3, 17]),
         (&[2, 3, 17], &[1]),
         (&[], &[4, 33]),
@@ -140,6 +142,10 @@ fn qlinear_add_and_mul_match_onnx_runtime_with_broadcasting() {
         (&[4, 1, 6], &[1, 7, 6]),
         (&[3, 8], &[8]),
         (&[1000], &[1000]),
+        (&[1, 24, 1, 1], &[1, 24, 61, 53]),
+        (&[1, 5, 150, 101], &[1, 1, 1, 1]),
+        (&[1, 1, 1], &[3, 170, 153]),
+        (&[70_001], &[70_001]),
     ];
     let mut total = 0;
     let mut seed = 1;

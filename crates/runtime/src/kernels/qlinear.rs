@@ -612,11 +612,14 @@ enum ConvKind {
 }
 
 /// Constant convolution weights prepared once: packed per group for the GEMM (depth order
-/// `(ki, kj, c)`), or kept as bytes for the depthwise kernel.
+/// `(ki, kj, c)`) and, when the convolution may run on the NCHW kernel ([`nchw_kernel`]),
+/// per group for that kernel too; neither for the depthwise kernel, which reads the bytes.
 struct ConvWeights {
     shape: Vec<usize>,
     dtype: DType,
     groups: Vec<PackedB>,
+    #[cfg(target_arch = "x86_64")]
+    nchw: Vec<qgemm::conv::ConvW>,
 }
 
 /// ConvInteger and QLinearConv.
@@ -656,10 +659,40 @@ fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<d
         }
         let geo = ConvGeometry::weights(s, group);
         let groups = if geo.depthwise_shape() { vec![] } else { (0..group).map(|g| geo.pack(isa, wt, bytes, g)).collect() };
-        Some(Arc::new(ConvWeights { shape: s.to_vec(), dtype: w.dtype(), groups }))
+        Some(Arc::new(ConvWeights {
+            shape: s.to_vec(),
+            dtype: w.dtype(),
+            groups,
+            #[cfg(target_arch = "x86_64")]
+            nchw: if !nchw_kernel(kind, &geo, &window) { vec![] } else { (0..group).map(|g| geo.pack_nchw(wt, bytes, g)).collect() },
+        }))
     });
     Ok(Box::new(QConv { kind, window, group, isa, weights }))
 }
+
+/// Whether a convolution of this kind, weight geometry and window may run on the NCHW kernel
+/// ([`qgemm::conv`]): QLinearConv with strides of at most 2 on CPUs with AVX-512 VNNI, unless
+/// its im2col is deep and shared by few output channels (a `3 x 3` kernel over 96 channels
+/// into 24, say), where gathering the im2col of the NCHW image costs more than the
+/// channels-last GEMM's transposes. Images of fewer than [`NCHW_MIN_PLANE`] output positions
+/// still take the GEMM (the kernel's tiles are 32 positions wide).
+fn nchw_kernel(kind: ConvKind, geo: &ConvGeometry, window: &Window) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let cheap_im2col = geo.kh * geo.kw == 1 || geo.kdim() <= 64 || geo.mg >= 64;
+        let strides_ok = window.strides.as_ref().is_none_or(|s| s.iter().all(|&v| v <= 2));
+        kind == ConvKind::QLinear && !geo.depthwise_shape() && cheap_im2col && strides_ok && qgemm::conv::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kind, geo, window);
+        false
+    }
+}
+
+/// The fewest output positions per image for which [`nchw_kernel`] convolutions take the NCHW
+/// kernel.
+const NCHW_MIN_PLANE: usize = 64;
 
 /// The weight side of a convolution.
 #[derive(Clone, Copy)]
@@ -700,6 +733,14 @@ impl ConvGeometry {
             let (ki, kj) = (tap / kw, tap % kw);
             w[(((g * mg + j) * cg + c) * kh + ki) * kw + kj]
         })
+    }
+
+    /// Packs group `g`'s weights for the NCHW kernel: rows are the group's output channels,
+    /// depths in ONNX order `(c, ki, kj)`.
+    #[cfg(target_arch = "x86_64")]
+    fn pack_nchw(&self, wt: Int8, w: &[u8], g: usize) -> qgemm::conv::ConvW {
+        let k = self.kdim();
+        qgemm::conv::ConvW::pack(wt, &w[g * self.mg * k..(g + 1) * self.mg * k], self.mg, k)
     }
 }
 
@@ -978,6 +1019,43 @@ impl Kernel for QConv {
                 for b in 0..n {
                     let img = &xb[b * c * plane_in..(b + 1) * c * plane_in];
                     depthwise(img, xt, x_zp, wb, wt, &w_zp, h, wa, requant.as_ref(), &mut out, b * m * plane);
+                }
+            } else if plane >= NCHW_MIN_PLANE && nchw_kernel(self.kind, &geo, &self.window) {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let owned;
+                    let packed: &[qgemm::conv::ConvW] = match &self.weights {
+                        Some(p) if p.shape == ws && p.dtype == w.dtype() && !p.nchw.is_empty() => &p.nchw,
+                        _ => {
+                            owned = (0..group).map(|g| geo.pack_nchw(wt, wb, g)).collect::<Vec<_>>();
+                            &owned
+                        }
+                    };
+                    let rq = requant.as_ref().expect("QLinearConv has an output stage");
+                    let (cg, mg) = (geo.cg, geo.mg);
+                    for b in 0..n {
+                        for (g, cw) in packed.iter().enumerate() {
+                            let x = &xb[(b * c + g * cg) * plane_in..(b * c + (g + 1) * cg) * plane_in];
+                            let inp = qgemm::conv::ConvInput { x, xt, x_zp, channels: cg, h, w: wa };
+                            let j0 = g * mg;
+                            let y_zp = match &out {
+                                ConvOut::U8(_, z) | ConvOut::I8(_, z) => *z,
+                                ConvOut::I32(_) => 0,
+                            };
+                            let crq = qgemm::conv::ConvRequant {
+                                scale: if rq.mult.len() == 1 { Scale::Tensor(rq.mult[0]) } else { Scale::Each(&rq.mult[j0..j0 + mg]) },
+                                bias: rq.bias.as_ref().map(|v| &v[j0..j0 + mg]),
+                                w_zp: if w_zp.len() == 1 { ZeroPoints::Tensor(w_zp[0]) } else { ZeroPoints::Each(&w_zp[j0..j0 + mg]) },
+                                y_zp,
+                            };
+                            let at = (b * m + j0) * plane..(b * m + j0 + mg) * plane;
+                            match &mut out {
+                                ConvOut::U8(v, _) => qgemm::conv::conv_requant(cw, &inp, &crq, &mut v[at], true),
+                                ConvOut::I8(v, _) => qgemm::conv::conv_requant(cw, &inp, &crq, &mut v[at], true),
+                                ConvOut::I32(_) => unreachable!("ConvInteger does not run on the NCHW kernel"),
+                            }
+                        }
+                    }
                 }
             } else {
                 let owned;

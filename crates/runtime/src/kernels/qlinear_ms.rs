@@ -210,11 +210,12 @@ fn a_is_broadcast_innermost(a: &[usize], out: &[usize]) -> bool {
     }
 }
 
-/// `f` with numpy broadcasting, as [`binary`] computes it, with fast loops compiled for AVX2
-/// and FMA (so `mul_add` is one fused instruction, not a call) when the shapes are equal or one
-/// input is constant over each contiguous run of the other (per-channel scales of a
-/// `[N, C, H, W]` tensor by `[N, C, 1, 1]`); other broadcasts go through [`binary`].
-fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send>(a: &[T], ashape: &[usize], b: &[T], bshape: &[usize], f: impl Fn(T, T) -> O + Sync + Copy) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
+/// `f` with numpy broadcasting, as [`binary`] computes it, with fast loops compiled for
+/// AVX-512 or AVX2 with FMA (so `mul_add` is one fused instruction, not a call) when the
+/// shapes are equal or one input is constant over each contiguous run of the other
+/// (per-channel scales of a `[N, C, H, W]` tensor by `[N, C, 1, 1]`), split over the current
+/// rayon pool in chunks of whole runs; other broadcasts go through [`binary`].
+fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashape: &[usize], b: &[T], bshape: &[usize], f: impl Fn(T, T) -> O + Sync + Copy) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
     let shape = broadcast_shape(ashape, bshape)?;
     let n: usize = shape.iter().product();
     /// Elements of `shape` per element of `part`, when `part` (right-aligned) equals `shape` up
@@ -228,31 +229,68 @@ fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send>(a: &[T], ashape: &[us
     if n == 0 {
         return Ok((out, shape));
     }
-    if a.len() == n && b.len() == n && ashape.iter().product::<usize>() == n && run_length(ashape, &shape) == Some(1) && run_length(bshape, &shape) == Some(1) {
-        with_fma(#[inline(always)] || out.iter_mut().zip(a).zip(b).for_each(|((o, &x), &y)| *o = f(x, y)));
-    } else if a.len() == n && run_length(ashape, &shape) == Some(1) && run_length(bshape, &shape).is_some() {
-        let inner = run_length(bshape, &shape).unwrap();
-        with_fma(#[inline(always)] || out.chunks_mut(inner).zip(a.chunks(inner)).zip(b).for_each(|((o, xs), &y)| o.iter_mut().zip(xs).for_each(|(o, &x)| *o = f(x, y))));
-    } else if b.len() == n && run_length(bshape, &shape) == Some(1) && run_length(ashape, &shape).is_some() {
-        let inner = run_length(ashape, &shape).unwrap();
-        with_fma(#[inline(always)] || out.chunks_mut(inner).zip(b.chunks(inner)).zip(a).for_each(|((o, ys), &x)| o.iter_mut().zip(ys).for_each(|(o, &y)| *o = f(x, y))));
+    let (ra, rb) = (run_length(ashape, &shape), run_length(bshape, &shape));
+    if a.len() == n && b.len() == n && ashape.iter().product::<usize>() == n && ra == Some(1) && rb == Some(1) {
+        in_chunks(&mut out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&a[at..]).zip(&b[at..]).for_each(|((o, &x), &y)| *o = f(x, y)));
+    } else if a.len() == n && ra == Some(1) && b.len() == 1 {
+        let y = b[0];
+        in_chunks(&mut out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&a[at..]).for_each(|(o, &x)| *o = f(x, y)));
+    } else if b.len() == n && rb == Some(1) && a.len() == 1 {
+        let x = a[0];
+        in_chunks(&mut out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&b[at..]).for_each(|(o, &y)| *o = f(x, y)));
+    } else if a.len() == n && ra == Some(1) && rb.is_some() {
+        let inner = rb.unwrap();
+        in_chunks(&mut out, inner, #[inline(always)] |at, o| {
+            o.chunks_mut(inner).zip(a[at..].chunks(inner)).zip(&b[at / inner..]).for_each(|((o, xs), &y)| o.iter_mut().zip(xs).for_each(|(o, &x)| *o = f(x, y)))
+        });
+    } else if b.len() == n && rb == Some(1) && ra.is_some() {
+        let inner = ra.unwrap();
+        in_chunks(&mut out, inner, #[inline(always)] |at, o| {
+            o.chunks_mut(inner).zip(b[at..].chunks(inner)).zip(&a[at / inner..]).for_each(|((o, ys), &x)| o.iter_mut().zip(ys).for_each(|(o, &y)| *o = f(x, y)))
+        });
     } else {
         return binary(a, ashape, b, bshape, f);
     }
     Ok((out, shape))
 }
 
-/// Runs `body` compiled for AVX2 and FMA when the CPU has both (it must be inlined into the
-/// wrapper for that, hence `#[inline(always)]` on the closures' callers).
+/// Runs `body(start, chunk)` over `out` split into chunks of whole runs of `run` elements,
+/// on the current rayon pool when `out` is large enough to be worth it, each chunk compiled
+/// for the widest vectors the CPU has ([`with_fma`]).
+#[inline(always)]
+fn in_chunks<O: Send>(out: &mut [O], run: usize, body: impl Fn(usize, &mut [O]) + Sync) {
+    const MIN_CHUNK: usize = 1 << 15;
+    let threads = rayon::current_num_threads();
+    let n = out.len();
+    if threads == 1 || n < 2 * MIN_CHUNK {
+        return with_fma(#[inline(always)] || body(0, out));
+    }
+    let chunk = n.div_ceil(threads * 4).max(MIN_CHUNK).div_ceil(run) * run;
+    use rayon::prelude::*;
+    out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| with_fma(#[inline(always)] || body(i * chunk, o)));
+}
+
+/// Runs `body` compiled for AVX-512 (F, BW, VL) or AVX2, each with FMA, when the CPU has them
+/// (it must be inlined into the wrapper for that, hence `#[inline(always)]` on the closures'
+/// callers).
 #[inline(always)]
 fn with_fma(body: impl FnOnce()) {
     #[cfg(target_arch = "x86_64")]
     {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn avx512(body: impl FnOnce()) {
+            body()
+        }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn fma(body: impl FnOnce()) {
             body()
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        let fma_ok = std::arch::is_x86_feature_detected!("fma");
+        if fma_ok && std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl") {
+            // SAFETY: the CPU supports AVX-512 F/BW/VL and FMA, checked just above.
+            return unsafe { avx512(body) };
+        }
+        if fma_ok && std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 and FMA, checked just above.
             return unsafe { fma(body) };
         }

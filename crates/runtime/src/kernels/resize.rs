@@ -1,8 +1,9 @@
 //! Resize (opsets 10-19) and Upsample: nearest, linear and cubic, separable per axis, with
 //! every coordinate transformation mode.
 
+use qforge_ir::DType;
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, ints, kernel, opt_input};
+use super::util::{input, ints, kernel, opt_input, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers Resize and Upsample.
@@ -92,13 +93,14 @@ fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi
 }
 
 /// Nearest-neighbour resize as one gather: `tables[a][o]` is the source index along axis `a`
-/// of output index `o`. Output rows are filled in parallel.
-fn nearest(x: &[f32], s: &[usize], out: &[usize], tables: &[Vec<usize>]) -> Vec<f32> {
+/// of output index `o`. Output rows are filled in parallel. Any element type: 8-bit tensors
+/// are gathered as bytes, other types as their `f32` values.
+fn nearest<T: Copy + Default + Send + Sync>(x: &[T], s: &[usize], out: &[usize], tables: &[Vec<usize>]) -> Vec<T> {
     use rayon::prelude::*;
     let r = s.len();
     let (ow, last) = (out[r - 1], &tables[r - 1]);
     let n: usize = out.iter().product();
-    let mut dst = vec![0f32; n];
+    let mut dst = vec![T::default(); n];
     if n == 0 {
         return dst;
     }
@@ -185,7 +187,11 @@ fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         };
         if p.mode == "nearest" && p.coord != "tf_crop_and_resize" {
             let tables: Vec<Vec<usize>> = (0..r).map(|a| (0..out[a]).map(|o| taps(&p, o, s[a], out[a], scales[a], roi[a])[0].0).collect()).collect();
-            return Ok(vec![values_from_f32(x.dtype(), &out, nearest(&values_f32(x)?, &s, &out, &tables))?]);
+            return Ok(vec![match x.dtype() {
+                DType::U8 => tensor(&out, nearest(x.as_slice::<u8>().map_err(|e| kernel_error(e.to_string()))?, &s, &out, &tables))?,
+                DType::I8 => tensor(&out, nearest(x.as_slice::<i8>().map_err(|e| kernel_error(e.to_string()))?, &s, &out, &tables))?,
+                _ => values_from_f32(x.dtype(), &out, nearest(&values_f32(x)?, &s, &out, &tables))?,
+            }]);
         }
         let mut data = to_f32(x)?.into_owned();
         let mut shape = s.clone();

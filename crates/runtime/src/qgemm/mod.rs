@@ -28,6 +28,8 @@
 
 mod avx2;
 mod avx512vnni;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod conv;
 mod output;
 mod pack;
 mod portable;
