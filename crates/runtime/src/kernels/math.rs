@@ -9,6 +9,14 @@
 /// integer (ties to even) held in the low mantissa bits.
 const ROUND: f32 = 12_582_912.0;
 
+/// `round_half_to_even(v)` as an integer, for `|v| <= 2^22`: adding [`ROUND`] rounds in the
+/// default rounding mode (as `nearbyint`) and leaves the integer in the low mantissa bits, so
+/// loops over it stay in vector registers.
+#[inline(always)]
+pub(crate) fn round_even_int(v: f32) -> i32 {
+    (v + ROUND).to_bits() as i32 - ROUND.to_bits() as i32
+}
+
 /// `e^x` within 2 ulp for results in the normal range; `+inf` above `ln(f32::MAX)`, `0`
 /// below `ln(f32::MIN_POSITIVE)` (results that would be subnormal flush to zero), NaN for
 /// NaN.

@@ -6,7 +6,7 @@ pub(crate) mod conv;
 mod elementwise;
 pub(crate) mod fused;
 mod gemm;
-mod math;
+pub(crate) mod math;
 mod matmul;
 mod norm;
 mod pool;

@@ -30,7 +30,9 @@
 use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::conv::Window;
+use super::math::round_even_int;
 use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor};
+use crate::qgemm::Out8;
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the `com.microsoft` QLinear operators of this file and `DynamicQuantizeLinear`.
@@ -44,58 +46,6 @@ pub fn register(r: &mut Registry) {
     r.add(MS_DOMAIN, "QLinearConcat", 1, LATEST, qlinear_concat);
     r.add(MS_DOMAIN, "QLinearSoftmax", 1, LATEST, qlinear_softmax);
     r.add("", "DynamicQuantizeLinear", 11, LATEST, dynamic_quantize_linear);
-}
-
-/// An 8-bit quantized element type.
-trait Q8: Copy + Default + Send + Sync + qforge_ir::Elem + 'static {
-    const MIN: i32;
-    const MAX: i32;
-    fn get(self) -> i32;
-    /// `v` must be in `MIN..=MAX`.
-    fn put(v: i32) -> Self;
-    /// The element whose byte is `b` (how ONNX Runtime indexes its tables).
-    fn from_byte(b: u8) -> Self;
-    fn byte(self) -> u8;
-}
-
-impl Q8 for u8 {
-    const MIN: i32 = 0;
-    const MAX: i32 = 255;
-    #[inline(always)]
-    fn get(self) -> i32 {
-        self as i32
-    }
-    #[inline(always)]
-    fn put(v: i32) -> Self {
-        v as u8
-    }
-    fn from_byte(b: u8) -> Self {
-        b
-    }
-    #[inline(always)]
-    fn byte(self) -> u8 {
-        self
-    }
-}
-
-impl Q8 for i8 {
-    const MIN: i32 = -128;
-    const MAX: i32 = 127;
-    #[inline(always)]
-    fn get(self) -> i32 {
-        self as i32
-    }
-    #[inline(always)]
-    fn put(v: i32) -> Self {
-        v as i8
-    }
-    fn from_byte(b: u8) -> Self {
-        b as i8
-    }
-    #[inline(always)]
-    fn byte(self) -> u8 {
-        self as u8
-    }
 }
 
 /// `cvtps2dq` in the default rounding mode: round to nearest even, and the integer minimum for
@@ -116,11 +66,10 @@ fn cvt(v: f32) -> i32 {
 /// first (its bounds are integers, so rounding then clamping gives the same), then rounded to
 /// nearest even by adding 1.5 * 2^23, which vectorizes.
 #[inline(always)]
-fn saturate<T: Q8>(v: f32) -> T {
+fn saturate<T: Out8>(v: f32) -> T {
     let in_range = (-2_147_483_648.0..2_147_483_648.0).contains(&v);
-    const MAGIC: f32 = 12_582_912.0;
-    let r = (v.max(T::MIN as f32).min(T::MAX as f32) + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32;
-    T::put(if in_range { r } else { T::MIN })
+    let r = round_even_int(v.max(T::MIN as f32).min(T::MAX as f32));
+    T::from_i32(if in_range { r } else { T::MIN })
 }
 
 /// The value of a scale input: a float32 scalar or one-element 1-D tensor.
@@ -161,17 +110,17 @@ fn check_8bit(t: &Tensor, what: &str) -> RuntimeResult<DType> {
 /// `QuantizeLinear` of one f32 value as MLAS computes it: `x / s` clamped to
 /// `[qmin - z, qmax - z]` (NaN to the minimum), rounded to nearest even, plus `z`.
 #[inline(always)]
-fn quantize_one<T: Q8>(x: f32, scale: f32, zp: i32) -> T {
+fn quantize_one<T: Out8>(x: f32, scale: f32, zp: i32) -> T {
     let (lo, hi) = ((T::MIN - zp) as f32, (T::MAX - zp) as f32);
     let v = x / scale;
     let v = if v.is_nan() { lo } else { v.max(lo).min(hi) };
-    T::put((cvt(v) + zp).clamp(T::MIN, T::MAX))
+    T::from_i32((cvt(v) + zp).clamp(T::MIN, T::MAX))
 }
 
 /// The 256-entry table mapping every byte of the input type through
 /// `dequantize -> f -> quantize`, indexed by the input's byte (ONNX Runtime's
 /// `QlinearBuildLookupTable`).
-fn lookup_table<T: Q8>(x_scale: f32, x_zp: i32, y_scale: f32, y_zp: i32, f: impl Fn(f32) -> f32) -> [T; 256] {
+fn lookup_table<T: Out8>(x_scale: f32, x_zp: i32, y_scale: f32, y_zp: i32, f: impl Fn(f32) -> f32) -> [T; 256] {
     let mut table = [T::default(); 256];
     for (b, slot) in table.iter_mut().enumerate() {
         let x = T::from_byte(b as u8);
@@ -182,7 +131,7 @@ fn lookup_table<T: Q8>(x_scale: f32, x_zp: i32, y_scale: f32, y_zp: i32, f: impl
 }
 
 /// Maps every element through a table indexed by its byte.
-fn apply_table<T: Q8>(x: &[T], table: &[T; 256]) -> Vec<T> {
+fn apply_table<T: Out8>(x: &[T], table: &[T; 256]) -> Vec<T> {
     x.iter().map(|v| table[v.byte() as usize]).collect()
 }
 
@@ -317,7 +266,7 @@ fn qlinear_binary(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             sc: scale_of(input(ins, 6)?, "C_scale")?,
             zc: zero_point_of(opt_input(ins, 7), dtype, "C_zero_point")?,
         };
-        fn run<T: Q8>(a: &Tensor, b: &Tensor, p: &BinaryParams, add: bool) -> RuntimeResult<Tensor> {
+        fn run<T: Out8>(a: &Tensor, b: &Tensor, p: &BinaryParams, add: bool) -> RuntimeResult<Tensor> {
             let (av, bv) = (a.as_slice::<T>().expect("checked"), b.as_slice::<T>().expect("checked"));
             let (out, shape) = if add {
                 // MLAS's AVX2 kernel walks one input as a span ("S") and adds the other ("O"):
@@ -419,7 +368,7 @@ struct PoolParams {
 /// The global average over `image` elements of each of `batch x channels` planes (NCHW, or
 /// channels interleaved when channels-last), as MLAS computes it; see
 /// [`qlinear_global_average_pool`].
-fn global_average<T: Q8>(x: &[T], batch: usize, channels: usize, image: usize, channels_last: bool, p: PoolParams) -> RuntimeResult<Vec<T>> {
+fn global_average<T: Out8>(x: &[T], batch: usize, channels: usize, image: usize, channels_last: bool, p: PoolParams) -> RuntimeResult<Vec<T>> {
     let PoolParams { sx, zx, sy, zy } = p;
     let n = i32::try_from(image).ok().filter(|&n| n < 0x100_0000);
     let scale = n.map(|n| sx / (sy * n as f32));
@@ -433,7 +382,7 @@ fn global_average<T: Q8>(x: &[T], batch: usize, channels: usize, image: usize, c
     let requantize = |sum: i32| {
         let v = sum.wrapping_add(bias) as f32 * scale;
         let v = if v.is_nan() { lo } else { v.max(lo).min(hi) };
-        T::put((cvt(v) + zy).clamp(T::MIN, T::MAX))
+        T::from_i32((cvt(v) + zy).clamp(T::MIN, T::MAX))
     };
     let mut out = Vec::with_capacity(batch * channels);
     for b in 0..batch {
@@ -548,7 +497,7 @@ fn qlinear_average_pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             include_pad: bool,
             channels_last: bool,
         }
-        fn run<T: Q8>(x: &[T], geo: &Geometry, p: PoolParams) -> Vec<T> {
+        fn run<T: Out8>(x: &[T], geo: &Geometry, p: PoolParams) -> Vec<T> {
             let Geometry { batch, channels, spatial, axes, include_pad, channels_last } = *geo;
             let PoolParams { sx, zx, sy, zy } = p;
             // Pad the geometry to 3-D with unit trailing axes (ONNX Runtime's loop order).
@@ -590,7 +539,7 @@ fn qlinear_average_pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                                 let q = cvt(y / sy + zy as f32).clamp(T::MIN, T::MAX);
                                 let o = (yh * ow + yw) * od + yd;
                                 let dst = if channels_last { (b * oh * ow * od + o) * channels + c } else { (b * channels + c) * oh * ow * od + o };
-                                out[dst] = T::put(q);
+                                out[dst] = T::from_i32(q);
                             }
                         }
                     }
@@ -643,7 +592,7 @@ fn qlinear_concat(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             }
             out_shape[ax] += s[ax];
         }
-        fn run<T: Q8>(parts: &[(&Tensor, f32, i32)], ax: usize, out_shape: &[usize], sy: f32, zy: i32) -> RuntimeResult<Tensor> {
+        fn run<T: Out8>(parts: &[(&Tensor, f32, i32)], ax: usize, out_shape: &[usize], sy: f32, zy: i32) -> RuntimeResult<Tensor> {
             let outer: usize = out_shape[..ax].iter().product();
             let inner: usize = out_shape[ax + 1..].iter().product();
             let mapped: Vec<Vec<T>> = parts.iter().map(|&(x, s, z)| {
@@ -685,7 +634,7 @@ fn softmax_table(sx: f32, len: usize, signed: bool) -> [f32; 256] {
 /// One softmax row of `QLinearSoftmax`, read from `x` at `stride` and written to `y` at the
 /// same positions: entries of the table shifted so the row's maximum reads entry 255, their
 /// f32 sum in order, `q = rne(t·sy_inv / sum) + zy`, saturated to `T`.
-fn softmax_row<T: Q8>(x: &[T], y: &mut [T], start: usize, len: usize, stride: usize, table: &[f32; 256], sy_inv: f32, zy: i32) {
+fn softmax_row<T: Out8>(x: &[T], y: &mut [T], start: usize, len: usize, stride: usize, table: &[f32; 256], sy_inv: f32, zy: i32) {
     let at = |k: usize| start + k * stride;
     let xmax = (0..len).map(|k| x[at(k)].get()).max().expect("rows are not empty");
     let index = |v: i32| -> usize {
@@ -695,7 +644,7 @@ fn softmax_row<T: Q8>(x: &[T], y: &mut [T], start: usize, len: usize, stride: us
     for k in 0..len {
         let t = table[index(x[at(k)].get())];
         let q = ((t * sy_inv) / sum).round_ties_even() as i32 + zy;
-        y[at(k)] = T::put(q.clamp(T::MIN, T::MAX));
+        y[at(k)] = T::from_i32(q.clamp(T::MIN, T::MAX));
     }
 }
 
@@ -726,7 +675,7 @@ fn qlinear_softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         };
         let table = softmax_table(sx, len, dtype == DType::I8);
         let sy_inv = (1.0f32 / sy).floor();
-        fn run<T: Q8>(x: &[T], outer: usize, len: usize, inner: usize, table: &[f32; 256], sy_inv: f32, zy: i32) -> Vec<T> {
+        fn run<T: Out8>(x: &[T], outer: usize, len: usize, inner: usize, table: &[f32; 256], sy_inv: f32, zy: i32) -> Vec<T> {
             let mut y = vec![T::default(); x.len()];
             for o in 0..outer {
                 for i in 0..inner {

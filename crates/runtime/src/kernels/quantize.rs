@@ -6,6 +6,7 @@
 use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::elementwise::{from_f32, to_f32};
+use super::math::round_even_int;
 use std::mem::MaybeUninit;
 
 use super::util::{axis as norm_axis, input, kernel, map_into, opt_input, tensor};
@@ -271,15 +272,6 @@ impl Plan {
             out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| work(c * CHUNK, chunk));
         }
     }
-}
-
-/// `round_half_to_even(v)` as an integer, for `|v| <= 2^22`: adding 1.5 * 2^23 rounds in the
-/// default rounding mode (as `nearbyint`) and leaves the integer in the low mantissa bits, so
-/// the whole computation stays in vector registers.
-#[inline(always)]
-fn round_even_int(v: f32) -> i32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    (v + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
 /// `clamp(round_half_to_even(v / s) + z, qmin, qmax)` as ONNX Runtime computes it: clamping

@@ -8,6 +8,8 @@
 //! even (`cvtps2dq`), then `+ zp`. The scale is one f32 per tensor or per output column,
 //! computed by the operator as `(a_scale * b_scale) / y_scale` in f32.
 
+use crate::kernels::math::round_even_int;
+
 /// One scale for every column or one per column (indexed from the block's first column).
 #[derive(Clone, Copy, Debug)]
 pub enum Scale<'a> {
@@ -25,38 +27,31 @@ impl<'a> Scale<'a> {
     }
 }
 
-/// An 8-bit output element.
-pub trait Out8: Copy + Default + Send + Sync + 'static {
+/// An 8-bit quantized element (`u8` or `i8`).
+pub trait Out8: Copy + Default + Send + Sync + qforge_ir::Elem + 'static {
     /// The smallest value.
     const MIN: i32;
     /// The largest value.
     const MAX: i32;
     /// `v` must be in `MIN..=MAX`.
     fn from_i32(v: i32) -> Self;
+    fn get(self) -> i32;
+    /// The element whose byte is `b` (how ONNX Runtime indexes its tables).
+    fn from_byte(b: u8) -> Self;
+    fn byte(self) -> u8;
 }
 
-impl Out8 for u8 {
-    const MIN: i32 = 0;
-    const MAX: i32 = 255;
-    #[inline(always)]
-    fn from_i32(v: i32) -> u8 {
-        v as u8
-    }
+macro_rules! out8 {
+    ($($t:ty: $min:expr, $max:expr);*) => { $(impl Out8 for $t {
+        const MIN: i32 = $min;
+        const MAX: i32 = $max;
+        #[inline(always)] fn from_i32(v: i32) -> Self { v as $t }
+        #[inline(always)] fn get(self) -> i32 { self as i32 }
+        #[inline(always)] fn from_byte(b: u8) -> Self { b as $t }
+        #[inline(always)] fn byte(self) -> u8 { self as u8 }
+    })* };
 }
-
-impl Out8 for i8 {
-    const MIN: i32 = -128;
-    const MAX: i32 = 127;
-    #[inline(always)]
-    fn from_i32(v: i32) -> i8 {
-        v as i8
-    }
-}
-
-/// `1.5 * 2^23`: adding it rounds any `|v| <= 2^22` to an integer in the low mantissa bits.
-const MAGIC: f32 = 12_582_912.0;
-/// The bit pattern of [`MAGIC`].
-const MAGIC_BITS: i32 = 0x4B40_0000;
+out8!(u8: 0, 255; i8: -128, 127);
 
 /// `round_half_even(min(max(v, lo), hi))` as an integer, with `maxps`/`minps` semantics (a
 /// NaN `v` gives `lo`); `lo` and `hi` are integers with magnitude below 2^22.
@@ -64,7 +59,7 @@ const MAGIC_BITS: i32 = 0x4B40_0000;
 fn clamp_round(v: f32, lo: f32, hi: f32) -> i32 {
     let v = if v > lo { v } else { lo };
     let v = if v < hi { v } else { hi };
-    (v + MAGIC).to_bits() as i32 - MAGIC_BITS
+    round_even_int(v)
 }
 
 /// [`requantize`]'s loop.
