@@ -9,27 +9,13 @@ use std::path::Path;
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueType};
 use qforge_runtime::Session;
-use qforge_testkit::{cache, ort_run, TempDir};
+use qforge_testkit::{cache, ort_run, Rng, TempDir};
 
 #[derive(Clone, Copy, Debug)]
 enum Gran {
     Tensor,
     Axis(i64),
     Block(i64, usize),
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
 }
 
 fn range(d: DType) -> (i64, i64) {
@@ -192,7 +178,7 @@ fn run_qforge(m: &Model, inputs: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
 }
 
 fn check(c: &Case, seed: u64, dir: &Path) -> usize {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let ss = scale_shape(&c.shape, c.gran);
     let count: usize = ss.iter().product();
     let (s, z) = qparams(c.dtype, count, &mut rng);
@@ -277,7 +263,7 @@ fn huge_values_saturate_as_the_spec_says() {
 fn int32_dequantization_matches_onnx_runtime() {
     let tmp = TempDir::new("dq32");
     let shape = [3usize, 4, 5];
-    let mut rng = Rng(99);
+    let mut rng = Rng::new(99);
     let x: Vec<i32> = (0..60).map(|i| match i % 4 {
         0 => rng.next() as i32,
         1 => i32::MAX - (rng.next() % 100) as i32,

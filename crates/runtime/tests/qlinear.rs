@@ -15,32 +15,7 @@
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType, MS_DOMAIN};
 use qforge_runtime::qgemm::{gemm_i32, ASource, FillRows, Gemm, Int8, Isa, PackedB, ZeroPoints};
 use qforge_runtime::Session;
-use qforge_testkit::{ort_run, TempDir};
-
-/// A xorshift generator: the same numbers on every machine.
-struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    /// The next 64 random bits.
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// A number in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// A number in `[0, 1)`.
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
+use qforge_testkit::{ort_run, Rng, TempDir};
 
 /// The ONNX element type of an 8-bit operand type.
 fn dtype(t: Int8) -> DType {

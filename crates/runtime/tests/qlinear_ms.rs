@@ -9,30 +9,7 @@
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType, MS_DOMAIN};
 use qforge_runtime::Session;
-use qforge_testkit::{ort_run, TempDir};
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn int(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next() % (hi - lo + 1) as u64) as i64
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[(self.next() % v.len() as u64) as usize]
-    }
-}
+use qforge_testkit::{ort_run, Rng, TempDir};
 
 fn range(d: DType) -> (i64, i64) {
     if d == DType::U8 { (0, 255) } else { (-128, 127) }

@@ -107,16 +107,44 @@ impl Drop for TempDir {
     }
 }
 
-/// `n` values uniform in `[lo, hi)` from a xorshift generator seeded with `seed`: the same
-/// numbers on every machine.
+/// A xorshift generator: the same numbers on every machine.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    /// The next 64 random bits.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    /// An integer in `lo..=hi`.
+    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next() % (hi - lo + 1) as u64) as i64
+    }
+    /// A number in `[0, 1)`.
+    pub fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// One of `v`.
+    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+/// `n` values uniform in `[lo, hi)` from [`Rng`] seeded with `seed`.
 pub fn noise(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n).map(|_| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        lo + (hi - lo) * ((s >> 40) as f32 / (1u64 << 24) as f32)
-    }).collect()
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| lo + (hi - lo) * r.unit()).collect()
 }
 
 /// `count` feeds of float inputs `(name, shape)`, values uniform in `[-1, 1)` from [`noise`]
@@ -132,13 +160,8 @@ pub fn seeded_feeds(inputs: &[(&str, &[usize])], count: usize) -> Vec<Vec<(Strin
 /// value hints (else zero), dynamic dimensions from its shape hints (else 1).
 pub fn make_inputs(graph: &qforge_ir::Graph, m: &RealModel, seed: u64) -> Vec<(String, qforge_ir::Tensor)> {
     use qforge_ir::{DType, Dim, Tensor};
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut rng = Rng::new(seed);
+    let mut next = move || rng.unit() * 2.0 - 1.0;
     graph.real_inputs().map(|id| {
         let v = graph.value(id).unwrap();
         let hint = |list: &[String]| list.iter().find_map(|s| s.split_once('=').filter(|(n, _)| *n == v.name).map(|(_, x)| x.to_string()));
