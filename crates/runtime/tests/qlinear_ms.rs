@@ -109,9 +109,10 @@ fn qparams(c: &mut Case, prefix: &str, d: DType, rng: &mut Rng) -> (ValueId, Val
 #[test]
 fn qlinear_add_and_mul_match_onnx_runtime_with_broadcasting() {
     let dir = TempDir::new("qlms-bin");
-    // The last four are large enough to be split into chunks over threads (per-channel runs,
-    // scalars on either side, an odd length).
-    let shapes: [(&[usize], &[usize]); 11] = [
+    // The last six are large enough to be split into chunks over threads (per-channel runs,
+    // scalars on either side, an odd length, a bias repeated along the outer axes of either
+    // input).
+    let shapes: [(&[usize], &[usize]); 13] = [
         (&[2, 3, 17], &[2, 3, 17]),
         (&[2, 3, 17], &[1]),
         (&[], &[4, 33]),
@@ -123,6 +124,8 @@ fn qlinear_add_and_mul_match_onnx_runtime_with_broadcasting() {
         (&[1, 5, 150, 101], &[1, 1, 1, 1]),
         (&[1, 1, 1], &[3, 170, 153]),
         (&[70_001], &[70_001]),
+        (&[1, 250, 301], &[301]),
+        (&[7, 301], &[2, 40, 7, 301]),
     ];
     let mut total = 0;
     let mut seed = 1;

@@ -162,8 +162,9 @@ fn a_is_broadcast_innermost(a: &[usize], out: &[usize]) -> bool {
 /// `f` with numpy broadcasting, as [`binary`] computes it, with fast loops compiled for
 /// AVX-512 or AVX2 with FMA (so `mul_add` is one fused instruction, not a call) when the
 /// shapes are equal or one input is constant over each contiguous run of the other
-/// (per-channel scales of a `[N, C, H, W]` tensor by `[N, C, 1, 1]`), split over the current
-/// rayon pool in chunks of whole runs; other broadcasts go through [`binary`].
+/// (per-channel scales of a `[N, C, H, W]` tensor by `[N, C, 1, 1]`) or one input repeats
+/// along the outer axes of the other (a `[C]` bias added to `[N, T, C]`), split over the
+/// current rayon pool in chunks of whole runs; other broadcasts go through [`binary`].
 fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashape: &[usize], b: &[T], bshape: &[usize], f: impl Fn(T, T) -> O + Sync + Copy) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
     let shape = broadcast_shape(ashape, bshape)?;
     let n: usize = shape.iter().product();
@@ -177,6 +178,12 @@ fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashap
     let mut out = vec![O::default(); n];
     if n == 0 {
         return Ok((out, shape));
+    }
+    /// Elements of `shape` per repetition of `part`, when `part` (right-aligned, leading 1s
+    /// dropped) equals the innermost axes of `shape`: `part` is then read cyclically.
+    fn period(part: &[usize], shape: &[usize]) -> Option<usize> {
+        let tail = &part[part.iter().position(|&d| d != 1).unwrap_or(part.len())..];
+        shape.ends_with(tail).then(|| tail.iter().product())
     }
     let (ra, rb) = (run_length(ashape, &shape), run_length(bshape, &shape));
     if a.len() == n && b.len() == n && ashape.iter().product::<usize>() == n && ra == Some(1) && rb == Some(1) {
@@ -196,6 +203,14 @@ fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashap
         let inner = ra.unwrap();
         in_chunks(&mut out, inner, #[inline(always)] |at, o| {
             o.chunks_mut(inner).zip(b[at..].chunks(inner)).zip(&a[at / inner..]).for_each(|((o, ys), &x)| o.iter_mut().zip(ys).for_each(|(o, &y)| *o = f(x, y)))
+        });
+    } else if let (true, Some(p)) = (a.len() == n && ra == Some(1), period(bshape, &shape)) {
+        in_chunks(&mut out, p, #[inline(always)] |at, o| {
+            o.chunks_mut(p).zip(a[at..].chunks(p)).for_each(|(o, xs)| o.iter_mut().zip(xs).zip(b).for_each(|((o, &x), &y)| *o = f(x, y)))
+        });
+    } else if let (true, Some(p)) = (b.len() == n && rb == Some(1), period(ashape, &shape)) {
+        in_chunks(&mut out, p, #[inline(always)] |at, o| {
+            o.chunks_mut(p).zip(b[at..].chunks(p)).for_each(|(o, ys)| o.iter_mut().zip(ys).zip(a).for_each(|((o, &y), &x)| *o = f(x, y)))
         });
     } else {
         return binary(a, ashape, b, bshape, f);
