@@ -111,17 +111,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         times.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(|a, b| a.total_cmp(b));
-    let mut by_op: Vec<(String, f64)> = vec![];
-    if o.profile {
-        let (_, steps) = s.run_profiled(feed.clone())?;
-        for st in steps {
-            match by_op.iter_mut().find(|(op, _)| *op == st.op) {
-                Some(e) => e.1 += st.seconds * 1e3,
-                None => by_op.push((st.op, st.seconds * 1e3)),
-            }
-        }
-        by_op.sort_by(|a, b| b.1.total_cmp(&a.1));
-    }
+    let (by_node, by_op) = if o.profile { profile(&s, &feed, runs.min(PROFILED_RUNS))? } else { (vec![], vec![]) };
     let median = percentile(&times, 0.5);
     let report = json!({
         "model": model_path.display().to_string(),
@@ -134,6 +124,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         "p90_ms": percentile(&times, 0.9),
         "inputs": feed.iter().map(|(n, t)| json!({"name": n, "dtype": t.dtype().onnx_name(), "shape": t.shape()})).collect::<Vec<_>>(),
         "profile_ms_by_op": by_op.iter().map(|(op, ms)| json!({"op": op, "ms": ms})).collect::<Vec<_>>(),
+        "profile_ms_by_node": by_node.iter().map(|(node, op, ms)| json!({"node": node, "op": op, "ms": ms})).collect::<Vec<_>>(),
         "qdq_lowering": s.qdq_lowering().map(|l| json!({
             "lowered": l.lowered.len(),
             "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
@@ -151,6 +142,51 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         for (op, ms) in &by_op {
             println!("  {op:<24} {ms:>9.3} ms");
         }
+        if !by_node.is_empty() {
+            println!("slowest nodes (--json lists every node):");
+            for (node, op, ms) in by_node.iter().take(SLOWEST_NODES) {
+                println!("  {ms:>9.3} ms  {op:<24} {node}");
+            }
+        }
     }
     Ok(())
+}
+
+/// Profiled runs `qforge bench --profile` times (fewer when `--runs` is smaller).
+const PROFILED_RUNS: usize = 10;
+/// Nodes the text output of `qforge bench --profile` lists.
+const SLOWEST_NODES: usize = 10;
+
+/// Per-node wall time of `s` on `feed`: the median over `runs` profiled runs of every node's
+/// time in a run (summed over its executions when it sits in a loop body), slowest first as
+/// `(node, op, ms)`, and their sums per op type, slowest first.
+fn profile(s: &Session, feed: &[(String, Tensor)], runs: usize) -> Result<(Vec<(String, String, f64)>, Vec<(String, f64)>)> {
+    let mut samples: Vec<(String, String, Vec<f64>)> = vec![];
+    let mut index: std::collections::HashMap<String, usize> = Default::default();
+    for run in 0..runs.max(1) {
+        let (_, steps) = s.run_profiled(feed.to_vec())?;
+        for st in steps {
+            let i = *index.entry(st.node.clone()).or_insert_with(|| {
+                samples.push((st.node, st.op, vec![]));
+                samples.len() - 1
+            });
+            let times = &mut samples[i].2;
+            times.resize(run + 1, 0.0);
+            times[run] += st.seconds * 1e3;
+        }
+    }
+    let mut by_node: Vec<(String, String, f64)> = samples.into_iter().map(|(node, op, mut t)| {
+        t.sort_by(|a, b| a.total_cmp(b));
+        (node, op, percentile(&t, 0.5))
+    }).collect();
+    let mut by_op: Vec<(String, f64)> = vec![];
+    for (_, op, ms) in &by_node {
+        match by_op.iter_mut().find(|(o, _)| o == op) {
+            Some(e) => e.1 += ms,
+            None => by_op.push((op.clone(), *ms)),
+        }
+    }
+    by_node.sort_by(|a, b| b.2.total_cmp(&a.2));
+    by_op.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok((by_node, by_op))
 }
