@@ -12,8 +12,11 @@
 //!   per output channel; QLinearConv's int32 bias is added to the accumulator before
 //!   requantizing with `m_oc = (x_scale * w_scale_oc) / y_scale`. The image is transposed to
 //!   channels-last and unfolded (im2col) block by block inside the GEMM (pointwise
-//!   convolutions read it in place); depthwise convolutions (`group == C == M`) run a direct
-//!   sliding-window kernel instead.
+//!   convolutions read it in place), or, for QLinearConv on CPUs with AVX-512 VNNI, run on
+//!   NCHW kernels that need no transposes: `qgemm::conv` (`W x im2col(X)`, when the im2col
+//!   is cheap) and, for depthwise convolutions (`group == C == M`) on CPUs that also have
+//!   VBMI, `qgemm::depthwise`. Other depthwise convolutions run a direct sliding-window
+//!   kernel on the channels-last image.
 //! * `com.microsoft` `QGemm` (1): `alpha (A - a_zp)(B - b_zp) + C` with `transA`/`transB`, an
 //!   optional int32 `C` broadcast to `M x N` (added to the accumulator), and either an 8-bit
 //!   output (`y_zero_point` given: multiplier `((alpha * a_scale) * b_scale_j) / y_scale`) or
