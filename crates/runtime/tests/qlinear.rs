@@ -14,7 +14,7 @@
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType, MS_DOMAIN};
 use qforge_runtime::qgemm::{gemm_i32, ASource, FillRows, Gemm, Int8, Isa, PackedB, ZeroPoints};
-use qforge_runtime::Session;
+use qforge_runtime::{Session, SessionOptions};
 use qforge_testkit::{ort_run, Rng, TempDir};
 
 /// The ONNX element type of an 8-bit operand type.
@@ -152,10 +152,17 @@ impl Builder {
 /// Runs the model in qforge and ONNX Runtime and requires every output to be identical
 /// (dtype, shape and bytes). Returns the number of elements compared.
 fn check_against_ort(model: &Model, feeds: &[(String, Tensor)], what: &[String], tag: &str) -> usize {
+    check_against_ort_on(model, feeds, what, tag, 0)
+}
+
+/// [`check_against_ort`] with qforge on `threads` worker threads (0: every core).
+fn check_against_ort_on(model: &Model, feeds: &[(String, Tensor)], what: &[String], tag: &str, threads: usize) -> usize {
     let tmp = TempDir::new(tag);
     let path = tmp.path().join("model.onnx");
     qforge_onnx::save(model, &path).unwrap();
-    let ours = Session::new(model).unwrap_or_else(|e| panic!("{tag}: {e}")).run(feeds.to_vec()).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    #[allow(clippy::needless_update)]
+    let opts = SessionOptions { threads, ..Default::default() };
+    let ours = Session::with_options(model, opts).unwrap_or_else(|e| panic!("{tag}: {e}")).run(feeds.to_vec()).unwrap_or_else(|e| panic!("{tag}: {e}"));
     let theirs = ort_run(&path, feeds, 1);
     assert_eq!(ours.len(), theirs.len());
     let mut total = 0;
@@ -503,6 +510,59 @@ fn qlinear_conv_matches_onnx_runtime() {
     let (model, feeds, what) = bld.model(&[("", 10)]);
     let n = check_against_ort(&model, &feeds, &what, "qlinearconv");
     println!("QLinearConv: {} cases, {n} elements identical to ONNX Runtime", what.len());
+}
+
+/// Random depthwise QLinearConvs (`group == C == M`) on 1 and 2 threads: channel counts from
+/// 1 (split into bands of rows) to 64, rows up to 200 positions wide (more than one run of
+/// registers), kernels 1..=7 with strides 1..=4 and dilations 1..=2 on each axis (horizontal
+/// stride 4 is beyond the VNNI kernel and takes the channels-last one), asymmetric pads,
+/// weight zero points at 0 / 128 (no window sums) or anywhere.
+#[test]
+fn depthwise_qlinear_conv_matches_onnx_runtime() {
+    let mut rng = Rng::new(41);
+    for threads in [1, 2] {
+        let mut bld = Builder::new();
+        for ci in 0..40 {
+            let c = [1, 3, 8, 17, 40, 64][rng.below(6)];
+            let kernel = [1 + rng.below(7), 1 + rng.below(7)];
+            let strides = [1 + rng.below(3), [1, 1, 2, 3, 4][rng.below(5)]];
+            let dilations = [1 + rng.below(2), 1 + rng.below(2)];
+            let pads: Vec<usize> = (0..4).map(|i| rng.below(kernel[i % 2])).collect();
+            let span = |i: usize| (kernel[i] - 1) * dilations[i] + 1;
+            let input = [span(0) + rng.below(24), span(1) + rng.below(if ci % 4 == 0 { 400 } else { 60 })];
+            let case = ConvCase { n: 1 + rng.below(2), c, m: c, group: c, input: input.to_vec(), kernel: kernel.to_vec(), strides: strides.to_vec(), dilations: dilations.to_vec(), pads, auto_pad: None };
+            let (xt, wt) = [(Int8::U8, Int8::I8), (Int8::U8, Int8::U8), (Int8::I8, Int8::I8)][ci % 3];
+            let per_channel = ci % 2 == 0;
+            let (xs, ws) = (x_shape(&case), w_shape(&case));
+            let x = data(&mut rng, xt, xs.iter().product());
+            let w = data(&mut rng, wt, ws.iter().product());
+            let ps: Vec<usize> = if per_channel { vec![c] } else { vec![] };
+            let wz = if rng.below(2) == 0 { if wt == Int8::U8 { 128 } else { 0 } } else { zp(&mut rng, wt) };
+            let wzs = vec![wz; if per_channel { c } else { 1 }];
+            let wsc: Vec<f32> = (0..wzs.len()).map(|_| scale(&mut rng)).collect();
+            let (xz, yz) = (zp(&mut rng, xt), zp(&mut rng, xt));
+            let (sx, sy) = (scale(&mut rng), scale(&mut rng) * 30.0);
+            let vx = bld.input(int_tensor(xt, &xs, &x));
+            let vsx = bld.constant(Tensor::scalar(sx));
+            let vxz = bld.constant(zp_tensor(xt, &[], &[xz]));
+            let vw = bld.value(int_tensor(wt, &ws, &w), ci % 5 != 4);
+            let vws = bld.constant(Tensor::from_vec(&ps, wsc).unwrap());
+            let vwz = bld.constant(zp_tensor(wt, &ps, &wzs));
+            let vsy = bld.constant(Tensor::scalar(sy));
+            let vyz = bld.constant(zp_tensor(xt, &[], &[yz]));
+            let mut inputs = [vx, vsx, vxz, vw, vws, vwz, vsy, vyz].map(Some).to_vec();
+            if ci % 3 != 2 {
+                let bias: Vec<i32> = (0..c).map(|_| rng.below(200_000) as i32 - 100_000).collect();
+                inputs.push(Some(bld.constant(Tensor::from_vec(&[c], bias).unwrap())));
+            }
+            let what = format!("{case:?} x {xt:?} w {wt:?} wz {wz} per-channel {per_channel} inputs {}", inputs.len());
+            let y = bld.node("QLinearConv", "", inputs, conv_attrs(&case), dtype(xt));
+            bld.output(y, what);
+        }
+        let (model, feeds, what) = bld.model(&[("", 10)]);
+        let n = check_against_ort_on(&model, &feeds, &what, "depthwise", threads);
+        println!("depthwise QLinearConv on {threads} threads: {} cases, {n} elements identical to ONNX Runtime", what.len());
+    }
 }
 
 #[test]

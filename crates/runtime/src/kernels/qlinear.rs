@@ -12,8 +12,11 @@
 //!   per output channel; QLinearConv's int32 bias is added to the accumulator before
 //!   requantizing with `m_oc = (x_scale * w_scale_oc) / y_scale`. The image is transposed to
 //!   channels-last and unfolded (im2col) block by block inside the GEMM (pointwise
-//!   convolutions read it in place); depthwise convolutions (`group == C == M`) run a direct
-//!   sliding-window kernel instead.
+//!   convolutions read it in place), or, for QLinearConv on CPUs with AVX-512 VNNI, run on
+//!   NCHW kernels that need no transposes: `qgemm::conv` (`W x im2col(X)`, when the im2col
+//!   is cheap) and, for depthwise convolutions (`group == C == M`) on CPUs that also have
+//!   VBMI, `qgemm::depthwise`. Other depthwise convolutions run a direct sliding-window
+//!   kernel on the channels-last image.
 //! * `com.microsoft` `QGemm` (1): `alpha (A - a_zp)(B - b_zp) + C` with `transA`/`transB`, an
 //!   optional int32 `C` broadcast to `M x N` (added to the accumulator), and either an 8-bit
 //!   output (`y_zero_point` given: multiplier `((alpha * a_scale) * b_scale_j) / y_scale`) or
@@ -1155,10 +1158,32 @@ fn requant_block<T: Out8>(blk: &mut Block, t: &mut [T], rq: &Requant, oc0: usize
 /// adds nothing). Each output row is then biased and requantized (QLinearConv) or kept
 /// (ConvInteger) channels-last and transposed into the NCHW output at `base`. Output rows run
 /// in parallel; the inner loops are compiled for AVX-512 or AVX2 when the CPU has them.
+///
+/// QLinearConv runs on the NCHW kernel of [`qgemm::depthwise`] instead when the CPU and the
+/// horizontal geometry allow.
 #[allow(clippy::too_many_arguments)]
 fn depthwise(img: &[u8], xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w_zp: &[i32], h: Axis, wa: Axis, rq: Option<&Requant>, out: &mut ConvOut, base: usize) {
     let plane_in = h.input * wa.input;
     let c = img.len() / plane_in.max(1);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(rq) = rq {
+        if qgemm::depthwise::available() && qgemm::depthwise::supports(&wa) {
+            let inp = qgemm::conv::ConvInput { x: img, xt, x_zp, channels: c, h, w: wa };
+            let crq = |y_zp| qgemm::conv::ConvRequant {
+                scale: scale_arg(&rq.mult),
+                bias: rq.bias.as_deref(),
+                w_zp: zp_arg(w_zp),
+                y_zp,
+            };
+            let at = base..base + c * h.output * wa.output;
+            match out {
+                ConvOut::U8(v, z) => qgemm::depthwise::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
+                ConvOut::I8(v, z) => qgemm::depthwise::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
+                ConvOut::I32(_) => unreachable!("ConvInteger has no output stage"),
+            }
+            return;
+        }
+    }
     with_buffer(&IMAGE, img.len(), |x| {
         to_channels_last(img, c, plane_in, x);
         depthwise_nhwc(x, c, xt, x_zp, w, wt, w_zp, h, wa, rq, out, base)

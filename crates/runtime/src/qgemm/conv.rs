@@ -8,15 +8,17 @@
 //! 4-byte interleave in one pass), so neither side is transposed and no `i32` block is
 //! written to memory.
 //!
-//! VNNI multiplies `u8` by `i8`: the weights are stored as `u8` (i8 weights flipped by `xor
-//! 0x80`, i.e. `+128`) and the activations as `i8` (u8 activations flipped, `-128`). With `'`
+//! VNNI multiplies `u8` by `i8`: the activations are stored as `u8` (i8 activations flipped
+//! by `xor 0x80`, i.e. `+128`) and the weights as `i8` (u8 weights flipped, `-128`). With `'`
 //! marking stored values and zero points shifted the same way, over the real depth `K`:
 //!
 //! `acc[m][p] = sum_k w'x' - wz'_m colsum_p - xz' rowsum_m + K wz'_m xz'`
 //!
 //! `rowsum` (per output channel) is computed when the weights are packed and `colsum` (per
-//! position) when a block of positions is packed; depths padded to whole groups of 4 are
-//! stored as 0 on both sides and add nothing. Arithmetic is wrapping `i32`, equal to the
+//! position) when a block of positions is packed, unless every `wz'` is 0 (symmetric i8
+//! weights, or u8 weights with zero point 128), when the term vanishes and the column sums
+//! are neither computed nor applied; depths padded to whole groups of 4 are stored as 0 on
+//! both sides and add nothing. Arithmetic is wrapping `i32`, equal to the
 //! exact sum modulo 2^32 like every other GEMM path, and the requantization is ONNX
 //! Runtime's (see the `output` module): `f32(acc) * scale`, `maxps`/`minps` clamp, round to
 //! nearest even, `+ zp`.
@@ -54,7 +56,7 @@ impl ConvW {
         let kp = k.div_ceil(4) * 4;
         let mut data = AlignedBuf::default();
         data.zeroed(m * kp);
-        let flip = if wt == Int8::I8 { 0x80 } else { 0 };
+        let flip = if wt == Int8::U8 { 0x80 } else { 0 };
         let bytes = data.bytes_mut();
         let row_sums = (0..m)
             .map(|j| {
@@ -62,7 +64,7 @@ impl ConvW {
                 let mut sum = 0i32;
                 for (d, &v) in row.iter_mut().zip(&w[j * k..(j + 1) * k]) {
                     *d = v ^ flip;
-                    sum = sum.wrapping_add(*d as i32);
+                    sum = sum.wrapping_add(*d as i8 as i32);
                 }
                 sum
             })
@@ -139,8 +141,8 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     if m == 0 || plane == 0 {
         return;
     }
-    let ash = if wts.wt == Int8::I8 { 128 } else { 0 };
-    let xz = inp.x_zp + if inp.xt == Int8::U8 { -128 } else { 0 };
+    let ash = if wts.wt == Int8::U8 { -128 } else { 0 };
+    let xz = inp.x_zp + if inp.xt == Int8::I8 { 128 } else { 0 };
     let kk = k as i32;
     let wz = |j: usize| match rq.w_zp {
         ZeroPoints::Tensor(z) => z + ash,
@@ -153,6 +155,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
         })
         .collect();
     let neg_wz: Vec<i32> = (0..m).map(|j| wz(j).wrapping_neg()).collect();
+    let col_terms = neg_wz.iter().any(|&z| z != 0);
     let scale: Vec<f32> = (0..m)
         .map(|j| match rq.scale {
             Scale::Tensor(s) => s,
@@ -175,7 +178,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
             (off, lo, hi)
         })
         .collect();
-    let job = Job { wts, inp: *inp, row, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, plane, taps, cols };
+    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, plane, taps, cols };
     let blocks = plane.div_ceil(NR * PANELS);
     let o = SharedOut::new(&mut out[..m * plane]);
     let threads = rayon::current_num_threads();
@@ -194,6 +197,8 @@ struct Job<'a> {
     inp: ConvInput<'a>,
     row: Vec<i32>,
     neg_wz: Vec<i32>,
+    /// Whether some `wz'` is not 0 (the column sums are needed).
+    col_terms: bool,
     scale: Vec<f32>,
     lo: f32,
     hi: f32,
@@ -225,7 +230,9 @@ impl Job<'_> {
             // 32 column sums are inside `packed` and `sums`.
             unsafe {
                 self.pack_panel(q0, cols, &mut packed[pi * panel_bytes..(pi + 1) * panel_bytes]);
-                col_sums(&packed[pi * panel_bytes..], groups, sums[pi * NR * 4..].as_mut_ptr() as *mut i32);
+                if self.col_terms {
+                    col_sums(&packed[pi * panel_bytes..], groups, sums[pi * NR * 4..].as_mut_ptr() as *mut i32);
+                }
             }
         }
         let sums = sums.as_ptr() as *const i32;
@@ -237,7 +244,8 @@ impl Job<'_> {
             let mask = if cols == NR { u32::MAX } else { (1u32 << cols) - 1 };
             for r0 in (0..m).step_by(MR) {
                 let rows = MR.min(m - r0);
-                // SAFETY: `sums` holds 32 values per panel; `row`, `neg_wz` and `scale` hold
+                // SAFETY: `sums` holds 32 values per panel (written when `col_terms`, the only
+                // case the tile reads them); `row`, `neg_wz` and `scale` hold
                 // `m` values; the output rows `r0..r0 + rows` at positions `q0..q0 + cols` are
                 // inside the output and written by this block only (blocks own disjoint
                 // positions); A holds `rows` rows of `kp` bytes from row `r0`.
@@ -252,7 +260,7 @@ impl Job<'_> {
                         zp: self.zp,
                     };
                     let dst = out.ptr(r0 * self.plane + q0, (rows - 1) * self.plane + cols) as *mut u8;
-                    tile_fn(rows)(groups, a.as_ptr().add(r0 * self.wts.kp), self.wts.kp, packed.as_ptr().add(pi * panel_bytes), &e, dst, self.plane, mask);
+                    tile_fn(rows, self.col_terms)(groups, a.as_ptr().add(r0 * self.wts.kp), self.wts.kp, packed.as_ptr().add(pi * panel_bytes), &e, dst, self.plane, mask);
                 }
             }
         }
@@ -275,7 +283,7 @@ impl Job<'_> {
         let (k, groups) = (self.wts.k, self.wts.kp / 4);
         let (ow, s) = (w.output, w.stride);
         assert!(dst.len() >= groups * NR * 4 && cols <= NR);
-        let flip = _mm256_set1_epi8(if inp.xt == Int8::U8 { 0x80u8 as i8 } else { 0 });
+        let flip = _mm256_set1_epi8(if inp.xt == Int8::I8 { 0x80u8 as i8 } else { 0 });
         let padv = _mm256_set1_epi8(inp.x_zp as u8 as i8);
         let keep = if cols == NR { u32::MAX } else { (1u32 << cols) - 1 };
         // Runs of positions on one output row: (first lane, lanes, oy, first ox).
@@ -353,7 +361,7 @@ impl Job<'_> {
     }
 }
 
-/// Writes the 32 column sums of a packed panel (`groups` groups of 32 positions x 4 signed
+/// Writes the 32 column sums of a packed panel (`groups` groups of 32 positions x 4 unsigned
 /// bytes) to `sums`.
 ///
 /// # Safety
@@ -366,8 +374,8 @@ unsafe fn col_sums(panel: &[u8], groups: usize, sums: *mut i32) {
     let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for g in 0..groups {
         let p = panel.as_ptr().add(g * 128);
-        s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(p as *const _));
-        s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_loadu_si512(p.add(64) as *const _));
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(p as *const _), ones);
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(p.add(64) as *const _), ones);
     }
     _mm512_storeu_si512(sums as *mut _, s0);
     _mm512_storeu_si512(sums.add(16) as *mut _, s1);
@@ -376,36 +384,34 @@ unsafe fn col_sums(panel: &[u8], groups: usize, sums: *mut i32) {
 /// An `R x 32` tile kernel: `(groups, A, lda, B panel, epilogue, out, ldo, column mask)`.
 type ConvTileFn = unsafe fn(usize, *const u8, usize, *const u8, &Epi, *mut u8, usize, u32);
 
-/// The tile kernel for `rows` rows (1..=12).
-fn tile_fn(rows: usize) -> ConvTileFn {
-    match rows {
-        1 => tile::<1>,
-        2 => tile::<2>,
-        3 => tile::<3>,
-        4 => tile::<4>,
-        5 => tile::<5>,
-        6 => tile::<6>,
-        7 => tile::<7>,
-        8 => tile::<8>,
-        9 => tile::<9>,
-        10 => tile::<10>,
-        11 => tile::<11>,
-        _ => tile::<12>,
+/// The tile kernel for `rows` rows (1..=12), applying the column sums when `col_terms`.
+fn tile_fn(rows: usize, col_terms: bool) -> ConvTileFn {
+    macro_rules! rows {
+        ($($r:literal)*) => {
+            match (rows, col_terms) {
+                $(($r, false) => tile::<$r, false>, ($r, true) => tile::<$r, true>,)*
+                (_, false) => tile::<12, false>,
+                (_, true) => tile::<12, true>,
+            }
+        };
     }
+    rows!(1 2 3 4 5 6 7 8 9 10 11)
 }
 
-/// Computes `R` output channels at 32 positions: the `vpdpbusd` sums of `R` weight rows (`u8`,
-/// at stride `lda`) with a packed panel, plus `colsum * neg_wz + row`, requantized (`f32`
+/// Computes `R` output channels at 32 positions: the `vpdpbusd` sums of `R` weight rows (`i8`,
+/// at stride `lda`) with a packed panel, plus `row` and, when `COLS`, `colsum * neg_wz`,
+/// requantized (`f32`
 /// multiply, clamp to `lo..=hi`, round to nearest even, `+ zp`) and stored as bytes to `out`
 /// rows at stride `ldo`, the positions selected by `mask` only.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW, VL and VNNI. `a` must hold `R` rows of `4 groups` bytes,
-/// `b` `groups * 128` bytes, `e`'s pointers 32 (`colsum`) and `R` (the rest) values, and
+/// `b` `groups * 128` bytes, `e`'s pointers 32 (`colsum`, read only when `COLS`) and `R` (the
+/// rest) values, and
 /// `out` must be valid for writes of the masked bytes of `R` rows of 32 at stride `ldo`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, e: &Epi, out: *mut u8, ldo: usize, mask: u32) {
+unsafe fn tile<const R: usize, const COLS: bool>(groups: usize, a: *const u8, lda: usize, b: *const u8, e: &Epi, out: *mut u8, ldo: usize, mask: u32) {
     let mut sum = [[_mm512_setzero_si512(); 2]; R];
     let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));
     let mut bp = b;
@@ -414,12 +420,16 @@ unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *cons
         let b1 = _mm512_loadu_si512(bp.add(64) as *const _);
         for (s, &row) in sum.iter_mut().zip(&rows) {
             let av = _mm512_set1_epi32((row.add(4 * g) as *const i32).read_unaligned());
-            s[0] = _mm512_dpbusd_epi32(s[0], av, b0);
-            s[1] = _mm512_dpbusd_epi32(s[1], av, b1);
+            s[0] = _mm512_dpbusd_epi32(s[0], b0, av);
+            s[1] = _mm512_dpbusd_epi32(s[1], b1, av);
         }
         bp = bp.add(128);
     }
-    let (c0, c1) = (_mm512_loadu_si512(e.colsum as *const _), _mm512_loadu_si512(e.colsum.add(16) as *const _));
+    let (c0, c1) = if COLS {
+        (_mm512_loadu_si512(e.colsum as *const _), _mm512_loadu_si512(e.colsum.add(16) as *const _))
+    } else {
+        (_mm512_setzero_si512(), _mm512_setzero_si512())
+    };
     let (lo, hi, zp) = (_mm512_set1_ps(e.lo), _mm512_set1_ps(e.hi), _mm512_set1_epi32(e.zp));
     let (m0, m1) = (mask as u16, (mask >> 16) as u16);
     for (r, s) in sum.iter().enumerate() {
@@ -428,7 +438,7 @@ unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *cons
         let sc = _mm512_set1_ps(*e.scale.add(r));
         let dst = out.add(r * ldo);
         for (half, (acc, cs, m)) in [(s[0], c0, m0), (s[1], c1, m1)].into_iter().enumerate() {
-            let v = _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_mullo_epi32(cs, nz), rv));
+            let v = if COLS { _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_mullo_epi32(cs, nz), rv)) } else { _mm512_add_epi32(acc, rv) };
             let f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), sc);
             let f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
             let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);
@@ -510,6 +520,9 @@ mod tests {
                 let w: Vec<u8> = (0..m * k).map(|_| next() as u8).collect();
                 let per_channel = ci % 2 == 0;
                 let wz: Vec<i32> = (0..m).map(|j| if per_channel || j == 0 { (next() % 256) as i32 - if wt == Int8::I8 { 128 } else { 0 } } else { 0 }).collect();
+                // Every other type pair: the zero point of no column terms (0 for i8, 128 for u8).
+                let symmetric = (ci + (wt == Int8::U8) as usize) % 2 == 1;
+                let wz: Vec<i32> = if symmetric { vec![if wt == Int8::U8 { 128 } else { 0 }; m] } else { wz };
                 let wz: Vec<i32> = if per_channel { wz } else { vec![wz[0]; m] };
                 let xz = (next() % 256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
                 let yz = (next() % 256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
@@ -534,7 +547,7 @@ mod tests {
                         conv_requant(&cw, &inp, &rq, &mut o, parallel);
                         o.into_iter().map(|v| v as u8).collect()
                     };
-                    assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel}");
+                    assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} symmetric {symmetric}");
                 }
             }
         }

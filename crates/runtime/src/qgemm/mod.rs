@@ -30,6 +30,8 @@ mod avx2;
 mod avx512vnni;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod conv;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod depthwise;
 mod output;
 mod pack;
 mod portable;

@@ -1,0 +1,383 @@
+//! Requantized 8-bit depthwise convolution (`group == C == M`) of NCHW images with AVX-512
+//! VNNI and VBMI, plane by plane.
+//!
+//! One output channel reads one input plane. For an output row, 16 consecutive positions are
+//! one register of `i32` sums; a run of 4 kernel columns of one kernel row is one
+//! `vpdpbusd`: the 4 input bytes each position needs at those taps are gathered from one
+//! 64-byte load of the input row by `vpermb` (position `j`, tap `t` reads byte `j * stride +
+//! t * dilation`), and the 4 weights are one broadcast `i32`. Kernel rows of `kw` taps take
+//! `ceil(kw / 4)` runs, the taps past `kw` having weight 0.
+//!
+//! The rows an item of work reads are first copied into a padded buffer whose padding holds
+//! the input zero point, so every tap is read and the padding contributes `(xz - xz) w = 0`.
+//! VNNI multiplies `u8` by `i8`: activations are stored as `u8` (i8 activations flipped by
+//! `xor 0x80`, i.e. `+128`) and weights as `i8` (u8 weights flipped, `-128`). With `'`
+//! marking stored values and zero points shifted the same way, over the `T = kh x kw` taps:
+//!
+//! `acc = sum_T x'w' - xz' sum_T w' - wz' sum_T x' + |T| xz' wz'`
+//!
+//! where the window sums `sum_T x'` are accumulated (a second `vpdpbusd` against ones) only
+//! for channels with `wz' != 0`. Arithmetic is wrapping `i32`; the requantization is ONNX
+//! Runtime's (see the `output` module), as in the `conv` module.
+
+use std::arch::x86_64::*;
+
+use super::conv::{ConvInput, ConvRequant};
+use super::{Int8, Out8, Scale, SharedOut, ZeroPoints};
+use crate::kernels::conv::Axis;
+
+/// Output positions per register.
+const LANES: usize = 16;
+/// Most registers of positions computed together along one output row.
+const MAX_BLOCKS: usize = 8;
+
+/// Whether [`depthwise_requant`] runs on this CPU (AVX-512 F, BW, VL, VNNI and VBMI).
+pub(crate) fn available() -> bool {
+    super::conv::available() && std::arch::is_x86_feature_detected!("avx512vbmi")
+}
+
+/// Whether the horizontal geometry fits the kernel: the bytes 16 positions read at 4
+/// consecutive kernel columns must lie within one 64-byte load (`15 stride + 3 dilation <
+/// 64`).
+pub(crate) fn supports(w: &Axis) -> bool {
+    15 * w.stride + 3 * w.dilation < 64
+}
+
+/// Depthwise convolution of one image: input channel `c` of `inp` (`inp.channels` channels)
+/// with weights `w[c * kh * kw..]` (ONNX order, type `wt`) into output plane `c` of `out`
+/// (`h.output x w.output` values per plane), requantized to `T`. `rq`'s per-channel vectors
+/// hold one value per channel. Items of work (a channel, or a band of one channel's output
+/// rows) run on the current rayon pool when `parallel`.
+///
+/// Panics unless the CPU has the needed extensions ([`available`]), the geometry fits
+/// ([`supports`]), and `x`, `w`, `out` and the per-channel vectors are long enough.
+pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq: &ConvRequant, out: &mut [T], parallel: bool) {
+    assert!(available(), "the depthwise kernel needs AVX-512 VNNI and VBMI");
+    let (h, wa, c) = (inp.h, inp.w, inp.channels);
+    assert!(supports(&wa), "horizontal stride {} and dilation {} do not fit the depthwise kernel", wa.stride, wa.dilation);
+    let (taps, plane) = (h.kernel * wa.kernel, h.output * wa.output);
+    assert!(inp.x.len() >= c * h.input * wa.input && w.len() >= c * taps && out.len() >= c * plane);
+    if let Scale::Each(s) = rq.scale {
+        assert!(s.len() >= c);
+    }
+    if let ZeroPoints::Each(z) = rq.w_zp {
+        assert!(z.len() >= c);
+    }
+    assert!(rq.bias.is_none_or(|b| b.len() >= c));
+    if c == 0 || plane == 0 {
+        return;
+    }
+    let runs = wa.kernel.div_ceil(4);
+    let wflip = if wt == Int8::U8 { 0x80 } else { 0 };
+    let xz = inp.x_zp + if inp.xt == Int8::I8 { 128 } else { 0 };
+    let wz = |ch: usize| {
+        let z = match rq.w_zp {
+            ZeroPoints::Tensor(z) => z,
+            ZeroPoints::Each(v) => v[ch],
+        };
+        z - if wt == Int8::U8 { 128 } else { 0 }
+    };
+    // Per channel and kernel row, `runs` groups of 4 stored weights (0 past the kernel width).
+    let mut wq = vec![0i32; c * h.kernel * runs];
+    let mut konst = vec![0i32; c];
+    let mut neg_wz = vec![0i32; c];
+    for ch in 0..c {
+        let mut sum = 0i32;
+        for ki in 0..h.kernel {
+            for r in 0..runs {
+                let mut b = [0u8; 4];
+                for (t, v) in b.iter_mut().enumerate() {
+                    let kj = 4 * r + t;
+                    if kj < wa.kernel {
+                        *v = w[ch * taps + ki * wa.kernel + kj] ^ wflip;
+                        sum = sum.wrapping_add(*v as i8 as i32);
+                    }
+                }
+                wq[(ch * h.kernel + ki) * runs + r] = i32::from_le_bytes(b);
+            }
+        }
+        let z = wz(ch);
+        neg_wz[ch] = z.wrapping_neg();
+        konst[ch] = (taps as i32).wrapping_mul(xz).wrapping_mul(z).wrapping_sub(xz.wrapping_mul(sum)).wrapping_add(rq.bias.map_or(0, |b| b[ch]));
+    }
+    let scale: Vec<f32> = (0..c).map(|ch| match rq.scale {
+        Scale::Tensor(s) => s,
+        Scale::Each(v) => v[ch],
+    }).collect();
+    let job = Job {
+        inp: *inp,
+        xz: xz as u8,
+        runs,
+        wq,
+        konst,
+        neg_wz,
+        scale,
+        lo: (T::MIN - rq.y_zp) as f32,
+        hi: (T::MAX - rq.y_zp) as f32,
+        zp: rq.y_zp,
+        width: (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1,
+        gather: std::array::from_fn(|i| ((i / 4) * wa.stride + (i % 4) * wa.dilation) as u8),
+    };
+    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    // Whole channels per item unless there are too few channels to go round the threads.
+    let bands = if threads > 1 && c < 4 * threads { (4 * threads).div_ceil(c).min(h.output) } else { 1 };
+    let rows = h.output.div_ceil(bands);
+    let items = c * h.output.div_ceil(rows);
+    let per_ch = h.output.div_ceil(rows);
+    let o = SharedOut::new(&mut out[..c * plane]);
+    let run = |buf: &mut Vec<u8>, i: usize| {
+        let (ch, band) = (i / per_ch, i % per_ch);
+        let (oy0, oy1) = (band * rows, ((band + 1) * rows).min(h.output));
+        // SAFETY: the CPU has the extensions (asserted above); item `i` writes output rows
+        // `oy0..oy1` of plane `ch` only, which no other item writes.
+        unsafe {
+            let dst = o.ptr(ch * plane + oy0 * wa.output, (oy1 - oy0) * wa.output);
+            job.item::<T>(buf, ch, oy0, oy1, dst);
+        }
+    };
+    let work = (c * plane * taps) as u64;
+    if threads > 1 && items > 1 && work >= 1 << 16 {
+        use rayon::prelude::*;
+        (0..items).into_par_iter().for_each_init(Vec::new, run);
+    } else {
+        let mut buf = Vec::new();
+        (0..items).for_each(|i| run(&mut buf, i));
+    }
+}
+
+/// One image's constants for its items.
+struct Job<'a> {
+    inp: ConvInput<'a>,
+    /// The stored input zero point (the padding byte).
+    xz: u8,
+    /// Runs of 4 kernel columns per kernel row.
+    runs: usize,
+    /// Stored weights: per channel, kernel row and run, 4 bytes as one `i32`.
+    wq: Vec<i32>,
+    /// Per channel: `|T| xz' wz' - xz' sum_T w' + bias`.
+    konst: Vec<i32>,
+    /// Per channel: `-wz'`.
+    neg_wz: Vec<i32>,
+    /// Per channel: the requantization multiplier.
+    scale: Vec<f32>,
+    /// `T::MIN - zp`, `T::MAX - zp` and `zp` of the output.
+    lo: f32,
+    hi: f32,
+    zp: i32,
+    /// Bytes of a padded input row that the output row reads.
+    width: usize,
+    /// The `vpermb` indices: byte `4j + t` of a gathered register (position `j`, tap `t` of a
+    /// run) is loaded byte `j stride + t dilation`.
+    gather: [u8; 64],
+}
+
+impl Job<'_> {
+    /// Computes output rows `oy0..oy1` of channel `ch` into `dst` (row-major, `w.output`
+    /// values per row), with `buf` as the padded input rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F, BW, VL, VNNI and VBMI; `dst` must be valid for writes
+    /// of `(oy1 - oy0) * w.output` values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn item<T: Out8>(&self, buf: &mut Vec<u8>, ch: usize, oy0: usize, oy1: usize, dst: *mut T) {
+        let (h, wa) = (self.inp.h, self.inp.w);
+        let (r0, r1) = (oy0 * h.stride, (oy1 - 1) * h.stride + (h.kernel - 1) * h.dilation + 1);
+        let width = self.width;
+        // 64 bytes of slack: the last loads of a row run past the bytes it reads.
+        buf.clear();
+        buf.resize((r1 - r0) * width + 64, self.xz);
+        let flip = if self.inp.xt == Int8::I8 { 0x80u8 } else { 0 };
+        let plane = &self.inp.x[ch * h.input * wa.input..(ch + 1) * h.input * wa.input];
+        // Input columns `ix` land at padded column `ix + pad_begin`, kept while inside `width`.
+        let (c0, c1) = (wa.pad_begin.min(width), (wa.pad_begin + wa.input).min(width));
+        for r in r0..r1 {
+            let iy = r as isize - h.pad_begin as isize;
+            if iy < 0 || iy >= h.input as isize || c0 >= c1 {
+                continue;
+            }
+            let src = &plane[iy as usize * wa.input..][..c1 - c0];
+            let row = &mut buf[(r - r0) * width + c0..(r - r0) * width + c1];
+            row.iter_mut().zip(src).for_each(|(d, &s)| *d = s ^ flip);
+        }
+        let ow = wa.output;
+        let blocks = ow.div_ceil(LANES);
+        for oy in oy0..oy1 {
+            let mut b0 = 0;
+            while b0 < blocks {
+                let nb = (blocks - b0).min(MAX_BLOCKS);
+                let f = match nb {
+                    1 => Self::row_blocks::<T, 1>,
+                    2 => Self::row_blocks::<T, 2>,
+                    3 => Self::row_blocks::<T, 3>,
+                    4 => Self::row_blocks::<T, 4>,
+                    5 => Self::row_blocks::<T, 5>,
+                    6 => Self::row_blocks::<T, 6>,
+                    7 => Self::row_blocks::<T, 7>,
+                    _ => Self::row_blocks::<T, 8>,
+                };
+                let first = buf.as_ptr().add((oy * h.stride - r0) * width + b0 * LANES * wa.stride);
+                f(self, ch, first, b0 * LANES, dst.add((oy - oy0) * ow));
+                b0 += nb;
+            }
+        }
+    }
+
+    /// Computes `B` registers of output positions of one row, from position `ox0`: `first`
+    /// points at the padded input byte of position `ox0`'s first tap, `row` at the output
+    /// row. Positions at or past the row's end are computed but not stored.
+    ///
+    /// # Safety
+    /// As [`Job::item`]; `first` must be followed by the kernel rows (at `dilation x width`
+    /// bytes apart) with 64 readable bytes past each load, and `row` valid for writes of the
+    /// row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn row_blocks<T: Out8, const B: usize>(&self, ch: usize, first: *const u8, ox0: usize, row: *mut T) {
+        let (h, wa) = (self.inp.h, self.inp.w);
+        let (s, d) = (wa.stride, wa.dilation);
+        let idx = _mm512_loadu_si512(self.gather.as_ptr() as *const _);
+        let with_sums = self.neg_wz[ch] != 0;
+        let mut acc = [_mm512_setzero_si512(); B];
+        let mut sums = [_mm512_setzero_si512(); B];
+        let wrow = self.wq.as_ptr().add(ch * h.kernel * self.runs);
+        for ki in 0..h.kernel {
+            let line = first.add(ki * h.dilation * self.width);
+            for r in 0..self.runs {
+                let wv = _mm512_set1_epi32(*wrow.add(ki * self.runs + r));
+                let at = line.add(4 * r * d);
+                if with_sums {
+                    let real = (wa.kernel - 4 * r).min(4);
+                    let ones = _mm512_set1_epi32(((u32::MAX >> (32 - 8 * real)) & 0x0101_0101) as i32);
+                    for b in 0..B {
+                        let v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(at.add(b * LANES * s) as *const _));
+                        acc[b] = _mm512_dpbusd_epi32(acc[b], v, wv);
+                        sums[b] = _mm512_dpbusd_epi32(sums[b], v, ones);
+                    }
+                } else {
+                    for (b, a) in acc.iter_mut().enumerate() {
+                        let v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(at.add(b * LANES * s) as *const _));
+                        *a = _mm512_dpbusd_epi32(*a, v, wv);
+                    }
+                }
+            }
+        }
+        let (k, nz, sc) = (_mm512_set1_epi32(self.konst[ch]), _mm512_set1_epi32(self.neg_wz[ch]), _mm512_set1_ps(self.scale[ch]));
+        let (lo, hi, zp) = (_mm512_set1_ps(self.lo), _mm512_set1_ps(self.hi), _mm512_set1_epi32(self.zp));
+        let ow = wa.output;
+        for b in 0..B {
+            let at = ox0 + b * LANES;
+            if at >= ow {
+                break;
+            }
+            let n = (ow - at).min(LANES);
+            let mut v = _mm512_add_epi32(acc[b], k);
+            if with_sums {
+                v = _mm512_add_epi32(v, _mm512_mullo_epi32(sums[b], nz));
+            }
+            let f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), sc);
+            let f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+            let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);
+            let mask = if n == LANES { u16::MAX } else { (1u16 << n) - 1 };
+            _mm_mask_storeu_epi8(row.add(at) as *mut i8, mask, _mm512_cvtepi32_epi8(q));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A direct depthwise convolution with the requantization written out element by element.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(x: &[u8], xt: Int8, xz: i32, w: &[u8], wt: Int8, wz: &[i32], c: usize, h: Axis, wa: Axis, bias: &[i32], scale: &[f32], yz: i32) -> Vec<u8> {
+        let val = |v: u8, t: Int8| if t == Int8::I8 { v as i8 as i32 } else { v as i32 };
+        let (kh, kw) = (h.kernel, wa.kernel);
+        let mut out = vec![];
+        for ch in 0..c {
+            for oy in 0..h.output {
+                for ox in 0..wa.output {
+                    let mut acc = bias[ch];
+                    for ki in 0..kh {
+                        for kj in 0..kw {
+                            let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
+                            let ix = (ox * wa.stride + kj * wa.dilation) as isize - wa.pad_begin as isize;
+                            if iy < 0 || ix < 0 || iy >= h.input as isize || ix >= wa.input as isize {
+                                continue;
+                            }
+                            let xv = val(x[(ch * h.input + iy as usize) * wa.input + ix as usize], xt) - xz;
+                            acc += xv * (val(w[(ch * kh + ki) * kw + kj], wt) - wz[ch]);
+                        }
+                    }
+                    let (lo, hi) = if xt == Int8::U8 { (0, 255) } else { (-128, 127) };
+                    let v = (acc as f32 * scale[ch]).round_ties_even() as i32 + yz;
+                    out.push(v.clamp(lo, hi) as u8);
+                }
+            }
+        }
+        out
+    }
+
+    fn axis(input: usize, kernel: usize, stride: usize, dilation: usize, pad_begin: usize, pad_end: usize) -> Axis {
+        let output = (input + pad_begin + pad_end - dilation * (kernel - 1) - 1) / stride + 1;
+        Axis { input, kernel, stride, dilation, pad_begin, pad_end, output }
+    }
+
+    #[test]
+    fn matches_a_direct_depthwise_convolution() {
+        if !available() {
+            eprintln!("NCHW VNNI depthwise convolution NOT TESTED: this CPU lacks AVX-512 VNNI or VBMI");
+            return;
+        }
+        let mut rng = qforge_testkit::Rng::new(11);
+        let pools: Vec<rayon::ThreadPool> = [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
+        // (channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
+        type Ax = (usize, usize, usize, usize, usize, usize);
+        let cases: [(usize, Ax, Ax); 8] = [
+            (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
+            (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
+            (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
+            (7, (6, 2, 1, 2, 0, 1), (19, 7, 3, 2, 3, 0)),
+            (2, (1, 1, 1, 1, 0, 0), (1, 1, 1, 1, 0, 0)),
+            (4, (8, 4, 3, 1, 0, 3), (17, 4, 1, 1, 3, 0)),
+            (9, (5, 5, 1, 1, 2, 2), (16, 5, 1, 1, 2, 2)),
+            (3, (3, 3, 1, 1, 2, 2), (2, 6, 1, 1, 5, 5)),
+        ];
+        for (ci, &(c, hx, wx)) in cases.iter().enumerate() {
+            let h = axis(hx.0, hx.1, hx.2, hx.3, hx.4, hx.5);
+            let wa = axis(wx.0, wx.1, wx.2, wx.3, wx.4, wx.5);
+            assert!(supports(&wa));
+            for (xt, wt) in [(Int8::U8, Int8::I8), (Int8::U8, Int8::U8), (Int8::I8, Int8::I8), (Int8::I8, Int8::U8)] {
+                let x: Vec<u8> = (0..c * h.input * wa.input).map(|_| rng.next() as u8).collect();
+                let w: Vec<u8> = (0..c * h.kernel * wa.kernel).map(|_| rng.next() as u8).collect();
+                let (base, shift) = if wt == Int8::I8 { (0, 128) } else { (128, 0) };
+                // Per-channel zero points, some at the value needing no window sums.
+                let wz: Vec<i32> = (0..c).map(|j| if (ci + j) % 3 == 0 { base } else { rng.below(256) as i32 - shift }).collect();
+                let per_channel = ci % 2 == 0;
+                let wz: Vec<i32> = if per_channel { wz } else { vec![wz[0]; c] };
+                let xz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
+                let yz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
+                let bias: Vec<i32> = (0..c).map(|_| rng.below(20001) as i32 - 10000).collect();
+                let scale: Vec<f32> = (0..c).map(|_| [1.0 / 256.0, 1.0 / 1024.0, 0.0037, 0.00051][rng.below(4)]).collect();
+                let want = naive(&x, xt, xz, &w, wt, &wz, c, h, wa, &bias, &scale, yz);
+                let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
+                let rq = ConvRequant {
+                    scale: Scale::Each(&scale),
+                    bias: Some(&bias),
+                    w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
+                    y_zp: yz,
+                };
+                for pool in &pools {
+                    let got: Vec<u8> = pool.install(|| if xt == Int8::U8 {
+                        let mut o = vec![0u8; c * h.output * wa.output];
+                        depthwise_requant(&inp, &w, wt, &rq, &mut o, true);
+                        o
+                    } else {
+                        let mut o = vec![0i8; c * h.output * wa.output];
+                        depthwise_requant(&inp, &w, wt, &rq, &mut o, true);
+                        o.into_iter().map(|v| v as u8).collect()
+                    });
+                    assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} threads {}", pool.current_num_threads());
+                }
+            }
+        }
+    }
+}
