@@ -31,7 +31,8 @@ use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::conv::Window;
 use super::math::round_even_int;
-use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor};
+use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor, written};
+use std::mem::MaybeUninit;
 use crate::qgemm::Out8;
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
@@ -175,46 +176,61 @@ fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashap
         let k = full.iter().zip(shape).position(|(p, s)| p != s).unwrap_or(shape.len());
         full[k..].iter().all(|&d| d == 1).then(|| shape[k..].iter().product())
     }
-    let mut out = vec![O::default(); n];
-    if n == 0 {
-        return Ok((out, shape));
-    }
     /// Elements of `shape` per repetition of `part`, when `part` (right-aligned, leading 1s
     /// dropped) equals the innermost axes of `shape`: `part` is then read cyclically.
     fn period(part: &[usize], shape: &[usize]) -> Option<usize> {
         let tail = &part[part.iter().position(|&d| d != 1).unwrap_or(part.len())..];
         shape.ends_with(tail).then(|| tail.iter().product())
     }
+    if n == 0 {
+        return Ok((vec![], shape));
+    }
     let (ra, rb) = (run_length(ashape, &shape), run_length(bshape, &shape));
-    if a.len() == n && b.len() == n && ashape.iter().product::<usize>() == n && ra == Some(1) && rb == Some(1) {
-        in_chunks(&mut out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&a[at..]).zip(&b[at..]).for_each(|((o, &x), &y)| *o = f(x, y)));
-    } else if a.len() == n && ra == Some(1) && b.len() == 1 {
+    let (a_full, b_full) = (a.len() == n && ra == Some(1), b.len() == n && rb == Some(1));
+    // Each fast loop below writes every element of its chunk: the chunks of `in_chunks` cover
+    // the output, and the zipped inputs are at least as long as each chunk.
+    let out = if a_full && b_full {
+        // SAFETY: see above.
+        unsafe { written(n, |out| in_chunks(out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&a[at..]).zip(&b[at..]).for_each(|((o, &x), &y)| *o = MaybeUninit::new(f(x, y))))) }
+    } else if a_full && b.len() == 1 {
         let y = b[0];
-        in_chunks(&mut out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&a[at..]).for_each(|(o, &x)| *o = f(x, y)));
-    } else if b.len() == n && rb == Some(1) && a.len() == 1 {
+        // SAFETY: see above.
+        unsafe { written(n, |out| in_chunks(out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&a[at..]).for_each(|(o, &x)| *o = MaybeUninit::new(f(x, y))))) }
+    } else if b_full && a.len() == 1 {
         let x = a[0];
-        in_chunks(&mut out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&b[at..]).for_each(|(o, &y)| *o = f(x, y)));
-    } else if a.len() == n && ra == Some(1) && rb.is_some() {
-        let inner = rb.unwrap();
-        in_chunks(&mut out, inner, #[inline(always)] |at, o| {
-            o.chunks_mut(inner).zip(a[at..].chunks(inner)).zip(&b[at / inner..]).for_each(|((o, xs), &y)| o.iter_mut().zip(xs).for_each(|(o, &x)| *o = f(x, y)))
-        });
-    } else if b.len() == n && rb == Some(1) && ra.is_some() {
-        let inner = ra.unwrap();
-        in_chunks(&mut out, inner, #[inline(always)] |at, o| {
-            o.chunks_mut(inner).zip(b[at..].chunks(inner)).zip(&a[at / inner..]).for_each(|((o, ys), &x)| o.iter_mut().zip(ys).for_each(|(o, &y)| *o = f(x, y)))
-        });
-    } else if let (true, Some(p)) = (a.len() == n && ra == Some(1), period(bshape, &shape)) {
-        in_chunks(&mut out, p, #[inline(always)] |at, o| {
-            o.chunks_mut(p).zip(a[at..].chunks(p)).for_each(|(o, xs)| o.iter_mut().zip(xs).zip(b).for_each(|((o, &x), &y)| *o = f(x, y)))
-        });
-    } else if let (true, Some(p)) = (b.len() == n && rb == Some(1), period(ashape, &shape)) {
-        in_chunks(&mut out, p, #[inline(always)] |at, o| {
-            o.chunks_mut(p).zip(b[at..].chunks(p)).for_each(|(o, ys)| o.iter_mut().zip(ys).zip(a).for_each(|((o, &y), &x)| *o = f(x, y)))
-        });
+        // SAFETY: see above.
+        unsafe { written(n, |out| in_chunks(out, 1, #[inline(always)] |at, o| o.iter_mut().zip(&b[at..]).for_each(|(o, &y)| *o = MaybeUninit::new(f(x, y))))) }
+    } else if let (true, Some(inner)) = (a_full, rb) {
+        // SAFETY: see above; chunks hold whole runs of `inner`, one element of `b` each.
+        unsafe {
+            written(n, |out| in_chunks(out, inner, #[inline(always)] |at, o| {
+                o.chunks_mut(inner).zip(a[at..].chunks(inner)).zip(&b[at / inner..]).for_each(|((o, xs), &y)| o.iter_mut().zip(xs).for_each(|(o, &x)| *o = MaybeUninit::new(f(x, y))))
+            }))
+        }
+    } else if let (true, Some(inner)) = (b_full, ra) {
+        // SAFETY: see above; chunks hold whole runs of `inner`, one element of `a` each.
+        unsafe {
+            written(n, |out| in_chunks(out, inner, #[inline(always)] |at, o| {
+                o.chunks_mut(inner).zip(b[at..].chunks(inner)).zip(&a[at / inner..]).for_each(|((o, ys), &x)| o.iter_mut().zip(ys).for_each(|(o, &y)| *o = MaybeUninit::new(f(x, y))))
+            }))
+        }
+    } else if let (true, Some(p)) = (a_full, period(bshape, &shape)) {
+        // SAFETY: see above; chunks hold whole periods, each zipped with all of `b`.
+        unsafe {
+            written(n, |out| in_chunks(out, p, #[inline(always)] |at, o| {
+                o.chunks_mut(p).zip(a[at..].chunks(p)).for_each(|(o, xs)| o.iter_mut().zip(xs).zip(b).for_each(|((o, &x), &y)| *o = MaybeUninit::new(f(x, y))))
+            }))
+        }
+    } else if let (true, Some(p)) = (b_full, period(ashape, &shape)) {
+        // SAFETY: see above; chunks hold whole periods, each zipped with all of `a`.
+        unsafe {
+            written(n, |out| in_chunks(out, p, #[inline(always)] |at, o| {
+                o.chunks_mut(p).zip(b[at..].chunks(p)).for_each(|(o, ys)| o.iter_mut().zip(ys).zip(a).for_each(|((o, &y), &x)| *o = MaybeUninit::new(f(x, y))))
+            }))
+        }
     } else {
         return binary(a, ashape, b, bshape, f);
-    }
+    };
     Ok((out, shape))
 }
 

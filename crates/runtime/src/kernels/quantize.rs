@@ -9,7 +9,7 @@ use super::elementwise::{from_f32, to_f32};
 use super::math::round_even_int;
 use std::mem::MaybeUninit;
 
-use super::util::{axis as norm_axis, input, kernel, map_into, opt_input, tensor};
+use super::util::{axis as norm_axis, input, kernel, map_into, opt_input, tensor, written};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers `QuantizeLinear` and `DequantizeLinear`, and ONNX Runtime's `com.microsoft`
@@ -318,15 +318,6 @@ fn dequantize_run<I: QInt>(x: &[I], out: &mut [MaybeUninit<f32>], scale: &[f32],
     }
 }
 
-/// A vector of `n` elements, every one written by `fill` (which must write them all).
-fn written<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
-    let mut out = Vec::with_capacity(n);
-    fill(&mut out.spare_capacity_mut()[..n]);
-    // SAFETY: `fill` initialized all `n` elements (Plan::fill visits every element once).
-    unsafe { out.set_len(n) };
-    out
-}
-
 /// Scale as f32 values (float, float16 or bfloat16) and the zero point as i32 values (zeros
 /// when omitted), checked to have the same shape.
 fn params(scale: &Tensor, zp: Option<&Tensor>, opset: i64) -> RuntimeResult<(Vec<f32>, Vec<i32>)> {
@@ -376,7 +367,8 @@ fn quantize_linear(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let xs = to_f32(x)?;
         let r = range(out_type);
         fn run<O: QInt>(plan: &Plan, x: &[f32], s: &[f32], z: &[i32], r: (i32, i32)) -> Vec<O> {
-            written(x.len(), |out| plan.fill(out, |at, dst, p| quantize_run(&x[at..at + dst.len()], dst, s, z, p, r)))
+            // SAFETY: `Plan::fill` visits every element once, and `quantize_run` writes each.
+            unsafe { written(x.len(), |out| plan.fill(out, |at, dst, p| quantize_run(&x[at..at + dst.len()], dst, s, z, p, r))) }
         }
         let shape = x.shape();
         let y = match out_type {
@@ -413,7 +405,8 @@ fn dequantize_linear(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         check_float_type(out_type, a.opset, "output")?;
         let plan = Plan::new(x.shape(), scale.shape(), &a)?;
         fn run<I: QInt>(plan: &Plan, x: &[I], s: &[f32], z: &[i32]) -> Vec<f32> {
-            written(x.len(), |out| plan.fill(out, |at, dst, p| dequantize_run(&x[at..at + dst.len()], dst, s, z, p)))
+            // SAFETY: `Plan::fill` visits every element once, and `dequantize_run` writes each.
+            unsafe { written(x.len(), |out| plan.fill(out, |at, dst, p| dequantize_run(&x[at..at + dst.len()], dst, s, z, p))) }
         }
         let y = match x.dtype() {
             DType::U8 => run(&plan, x.as_slice::<u8>().unwrap(), &s, &z),

@@ -37,6 +37,20 @@ pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
     v
 }
 
+/// A vector of `n` elements of any type, written by `fill` into uninitialized storage (no
+/// zero-filling pass).
+///
+/// # Safety
+/// `fill` writes every one of the `n` elements it is given.
+pub unsafe fn written<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
+    let mut out = Vec::with_capacity(n);
+    fill(&mut out.spare_capacity_mut()[..n]);
+    // SAFETY: the capacity is at least `n`, and the caller guarantees `fill` initialized all
+    // `n` elements.
+    unsafe { out.set_len(n) };
+    out
+}
+
 /// The values of a buffer from [`uninit_f32`].
 ///
 /// # Safety
