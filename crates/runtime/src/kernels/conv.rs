@@ -262,11 +262,24 @@ fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usi
     // About 128 KiB of input per tile and at least 256 columns, in a multiple of the
     // thread count of tiles.
     let threads = rayon::current_num_threads().max(1);
+    let out = OutPtr::new(dst);
+    assert!(out.len >= mg * plane, "output too small");
+    if threads > 1 && plane < 128 * threads && mg >= 16 * threads {
+        // Too few columns to split evenly: one block of output channels per thread.
+        let step = mg.div_ceil(threads).next_multiple_of(8);
+        (0..mg).into_par_iter().step_by(step).with_min_len(min_items(step * cg * plane)).for_each_init(Scratch::new, |scratch, ch0| {
+            let count = step.min(mg - ch0);
+            // SAFETY: output channels `ch0..ch0 + count` lie inside the output (asserted
+            // above) and belong to this block alone; `src` and `weights` are other memory.
+            unsafe { sgemm_into(count, plane, cg, MatRef::rows(&weights[ch0 * cg..], cg), MatRef::rows(src, plane), out.at(ch0 * plane), plane, false, false) };
+            // SAFETY: the product just wrote these whole planes, which no other block touches.
+            unsafe { finish_tile(fin, out, ch0 * plane, count, plane, plane, base + ch0 * plane, scratch) };
+        });
+        return;
+    }
     let target = (32 * 1024 / cg.max(1)).max(256);
     let tiles = plane.div_ceil(target).div_ceil(threads) * threads;
     let cols = plane.div_ceil(tiles).next_multiple_of(16).min(plane);
-    let out = OutPtr::new(dst);
-    assert!(out.len >= mg * plane, "output too small");
     let run = |start: usize, scratch: &mut Scratch| {
         let width = cols.min(plane - start);
         // SAFETY: the `mg` rows of `width` columns `plane` apart from column `start` lie
@@ -689,14 +702,44 @@ impl Padded {
         self.rows * self.wa.stride * self.len
     }
 
-    /// [`Padded::fill_into`] compiled for AVX-512F.
+    /// [`Padded::fill_into`] with AVX-512F, for a `buf` that already holds zeros at every
+    /// padding position (freshly zeroed, or last filled by this function for the same
+    /// layout). With a column stride of 1 only the input rows are written, sixteen values
+    /// at a time (the zeros a row's last vector carries past the input land on padding);
+    /// other strides take [`Padded::fill_into`], which writes everything.
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn fill_into_avx512(&self, src: &[f32], buf: &mut [f32]) {
-        self.fill_into(src, buf)
+        use std::arch::x86_64::*;
+        if self.wa.stride != 1 {
+            return self.fill_into(src, buf);
+        }
+        let (ih, iw, len) = (self.h.input, self.wa.input, self.len);
+        let (lo, hi, first) = self.spans[0];
+        let count = hi - lo;
+        assert!(buf.len() >= self.rows * len && src.len() >= ih * iw && first + count <= iw);
+        let top = self.h.pad_begin;
+        for iy in 0..ih.min(self.rows.saturating_sub(top)) {
+            let from = &src[iy * iw + first..iy * iw + first + count];
+            let to = &mut buf[(iy + top) * len + lo..(iy + top + 1) * len];
+            for j in (0..count).step_by(LANES) {
+                let n = (count - j).min(LANES);
+                let load: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
+                // SAFETY: the mask keeps the load to `from[j..j + n]`.
+                let v = unsafe { _mm512_maskz_loadu_ps(load, from.as_ptr().add(j)) };
+                if j + LANES <= to.len() {
+                    // SAFETY: `to[j..j + 16]` is inside this row; the lanes past the input
+                    // are zeros, stored on padding positions.
+                    unsafe { _mm512_storeu_ps(to.as_mut_ptr().add(j), v) };
+                } else {
+                    // SAFETY: the mask keeps the store to `to[j..j + n]`.
+                    unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr().add(j), load, v) };
+                }
+            }
+        }
     }
 
     /// Copies one input channel into `buf` (of [`Padded::channel_len`] values).
@@ -1089,7 +1132,23 @@ mod tests {
             // Strided depthwise rows wider than two 16-pair shuffles, odd and even padding.
             ([1, 3, 9, 75], [3, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 3),
             ([1, 2, 6, 66], [2, 1, 3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 2),
+            // Depthwise over many small planes (a padded buffer reused across channels,
+            // split across threads), stride 1 with rows wider than a vector, asymmetric pads.
+            ([1, 128, 14, 14], [128, 1, 5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 128),
+            ([1, 24, 19, 37], [24, 1, 3, 3], [1, 1], [1, 1], [0, 2, 1, 0], 24),
+            // Pointwise over few positions (split by output channel) and over many.
+            ([1, 64, 12, 12], [96, 64, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([1, 40, 7, 7], [72, 40, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([1, 48, 33, 35], [40, 48, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
         ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| check_cases(cases));
+        }
+    }
+
+    /// Runs every case through [`conv2d_with`] and compares it with [`naive`].
+    fn check_cases(cases: &[Case]) {
         for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
             let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
             let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();
