@@ -342,6 +342,10 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     });
     let taps = cg * h.kernel * wa.kernel;
     let packed = pack_direct(weights, mg, taps);
+    // The sums start at the bias, so blocks are finished without it.
+    let ch0 = (base / plane) % fin.channels;
+    let bias: Vec<f32> = (0..mg.next_multiple_of(DIRECT_MB)).map(|m| if m < mg { fin.bias.map_or(0.0, |b| b[ch0 + m]) } else { 0.0 }).collect();
+    let fin = Finish { bias: None, ..fin };
     let rows_per_task = 256usize.div_ceil(ow).min(oh);
     let out = OutPtr::new(dst);
     assert!(out.len >= mg * plane, "output too small");
@@ -353,9 +357,9 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
         // belong to this task alone.
         unsafe {
             if nx == 1 {
-                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, mg, r0..r1, out.at(r0 * ow), plane);
+                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
             } else {
-                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, mg, r0..r1, out.at(r0 * ow), plane);
+                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
             }
         }
         // SAFETY: the kernel just wrote these rows, which no other task touches.
@@ -379,7 +383,8 @@ fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
 
 /// Output rows `rows` of every channel of [`conv_direct`], written to `out` (row
 /// `rows.start` of channel 0; planes `plane` apart), `NX` chunks of [`LANES`] columns at a
-/// time.
+/// time, each channel's sums starting at its `bias` value (`mg` rounded up to a multiple
+/// of [`DIRECT_MB`] values).
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `padded` holds `cg` channels in `geo`'s layout and
@@ -388,21 +393,21 @@ fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
+unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], bias: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
     use std::arch::x86_64::*;
     let (h, wa) = (geo.h, geo.wa);
     let (ow, kh, kw, s) = (wa.output, h.kernel, wa.kernel, wa.stride);
     let chan = geo.channel_len();
     let row_len = s * geo.len;
     let taps = cg * kh * kw;
-    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB);
+    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB && bias.len() >= mg.next_multiple_of(DIRECT_MB));
     assert!(rows.end <= h.output);
     let offsets = &geo.offsets;
     for (r, oy) in rows.clone().enumerate() {
         for blk in 0..mg.div_ceil(DIRECT_MB) {
             let wblk = &packed[blk * taps * DIRECT_MB..(blk + 1) * taps * DIRECT_MB];
             for x0 in (0..ow).step_by(NX * LANES) {
-                let mut acc = [[_mm512_setzero_ps(); DIRECT_MB]; NX];
+                let mut acc = [std::array::from_fn::<_, DIRECT_MB, _>(|m| _mm512_set1_ps(bias[blk * DIRECT_MB + m])); NX];
                 for c in 0..cg {
                     let row0 = c * chan + oy * h.stride * row_len + x0;
                     let wc = &wblk[c * kh * kw * DIRECT_MB..(c + 1) * kh * kw * DIRECT_MB];
@@ -702,11 +707,10 @@ impl Padded {
         self.rows * self.wa.stride * self.len
     }
 
-    /// [`Padded::fill_into`] with AVX-512F, for a `buf` that already holds zeros at every
-    /// padding position (freshly zeroed, or last filled by this function for the same
-    /// layout). With a column stride of 1 only the input rows are written, sixteen values
-    /// at a time (the zeros a row's last vector carries past the input land on padding);
-    /// other strides take [`Padded::fill_into`], which writes everything.
+    /// [`Padded::fill_into`] with AVX-512F (the same contract on `buf`). With a column
+    /// stride of 1 the input rows are written sixteen values at a time (the zeros a row's
+    /// last vector carries past the input land on padding); other strides take
+    /// [`Padded::fill_into`] compiled for AVX-512F.
     ///
     /// # Safety
     /// The CPU must support AVX-512F.
@@ -742,7 +746,9 @@ impl Padded {
         }
     }
 
-    /// Copies one input channel into `buf` (of [`Padded::channel_len`] values).
+    /// Copies one input channel into `buf` (of [`Padded::channel_len`] values) that
+    /// already holds zeros at every padding position (freshly zeroed, or last filled for
+    /// the same layout): only the positions that hold input values are written.
     #[inline(always)]
     fn fill_into(&self, src: &[f32], buf: &mut [f32]) {
         let (s, iw, pb) = (self.wa.stride, self.wa.input, self.wa.pad_begin);
@@ -751,7 +757,6 @@ impl Padded {
         for (r, dst) in buf.chunks_mut(row_len).enumerate() {
             let iy = r as isize - self.h.pad_begin as isize;
             if iy < 0 || iy >= self.h.input as isize {
-                dst.fill(0.0);
                 continue;
             }
             let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
@@ -760,32 +765,20 @@ impl Padded {
                 let (even, odd) = dst.split_at_mut(self.len);
                 let (first, second) = if pb % 2 == 0 { (even, odd) } else { (odd, even) };
                 let (f0, s0) = (pb / 2, pb.div_ceil(2));
-                first[..f0].fill(0.0);
-                second[..s0].fill(0.0);
                 let pairs = iw / 2;
                 deinterleave_pairs(&mut first[f0..f0 + pairs], &mut second[s0..s0 + pairs], &row[..2 * pairs]);
-                let (mut fe, se) = (f0 + pairs, s0 + pairs);
                 if iw % 2 == 1 {
-                    first[fe] = row[iw - 1];
-                    fe += 1;
+                    first[f0 + pairs] = row[iw - 1];
                 }
-                first[fe..].fill(0.0);
-                second[se..].fill(0.0);
                 continue;
             }
             for (phase, &(lo, hi, first)) in dst.chunks_mut(self.len).zip(&self.spans) {
-                for v in &mut phase[..lo] {
-                    *v = 0.0;
-                }
                 if s == 1 {
                     phase[lo..hi].copy_from_slice(&row[first..first + hi - lo]);
                 } else if hi > lo {
                     for (d, v) in phase[lo..hi].iter_mut().zip(row[first..].iter().step_by(s)) {
                         *d = *v;
                     }
-                }
-                for v in &mut phase[hi..] {
-                    *v = 0.0;
                 }
             }
         }
@@ -1136,6 +1129,9 @@ mod tests {
             // split across threads), stride 1 with rows wider than a vector, asymmetric pads.
             ([1, 128, 14, 14], [128, 1, 5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 128),
             ([1, 24, 19, 37], [24, 1, 3, 3], [1, 1], [1, 1], [0, 2, 1, 0], 24),
+            ([1, 32, 15, 15], [32, 1, 3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 32),
+            // A grouped dense conv wide enough for the direct kernel, two images.
+            ([2, 6, 10, 40], [12, 3, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
             // Pointwise over few positions (split by output channel) and over many.
             ([1, 64, 12, 12], [96, 64, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
             ([1, 40, 7, 7], [72, 40, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
