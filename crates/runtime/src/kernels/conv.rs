@@ -262,11 +262,24 @@ fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usi
     // About 128 KiB of input per tile and at least 256 columns, in a multiple of the
     // thread count of tiles.
     let threads = rayon::current_num_threads().max(1);
+    let out = OutPtr::new(dst);
+    assert!(out.len >= mg * plane, "output too small");
+    if threads > 1 && plane < 128 * threads && mg >= 16 * threads {
+        // Too few columns to split evenly: one block of output channels per thread.
+        let step = mg.div_ceil(threads).next_multiple_of(8);
+        (0..mg).into_par_iter().step_by(step).with_min_len(min_items(step * cg * plane)).for_each_init(Scratch::new, |scratch, ch0| {
+            let count = step.min(mg - ch0);
+            // SAFETY: output channels `ch0..ch0 + count` lie inside the output (asserted
+            // above) and belong to this block alone; `src` and `weights` are other memory.
+            unsafe { sgemm_into(count, plane, cg, MatRef::rows(&weights[ch0 * cg..], cg), MatRef::rows(src, plane), out.at(ch0 * plane), plane, false, false) };
+            // SAFETY: the product just wrote these whole planes, which no other block touches.
+            unsafe { finish_tile(fin, out, ch0 * plane, count, plane, plane, base + ch0 * plane, scratch) };
+        });
+        return;
+    }
     let target = (32 * 1024 / cg.max(1)).max(256);
     let tiles = plane.div_ceil(target).div_ceil(threads) * threads;
     let cols = plane.div_ceil(tiles).next_multiple_of(16).min(plane);
-    let out = OutPtr::new(dst);
-    assert!(out.len >= mg * plane, "output too small");
     let run = |start: usize, scratch: &mut Scratch| {
         let width = cols.min(plane - start);
         // SAFETY: the `mg` rows of `width` columns `plane` apart from column `start` lie
@@ -329,6 +342,10 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     });
     let taps = cg * h.kernel * wa.kernel;
     let packed = pack_direct(weights, mg, taps);
+    // The sums start at the bias, so blocks are finished without it.
+    let ch0 = (base / plane) % fin.channels;
+    let bias: Vec<f32> = (0..mg.next_multiple_of(DIRECT_MB)).map(|m| if m < mg { fin.bias.map_or(0.0, |b| b[ch0 + m]) } else { 0.0 }).collect();
+    let fin = Finish { bias: None, ..fin };
     let rows_per_task = 256usize.div_ceil(ow).min(oh);
     let out = OutPtr::new(dst);
     assert!(out.len >= mg * plane, "output too small");
@@ -340,9 +357,9 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
         // belong to this task alone.
         unsafe {
             if nx == 1 {
-                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, mg, r0..r1, out.at(r0 * ow), plane);
+                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
             } else {
-                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, mg, r0..r1, out.at(r0 * ow), plane);
+                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
             }
         }
         // SAFETY: the kernel just wrote these rows, which no other task touches.
@@ -366,7 +383,8 @@ fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
 
 /// Output rows `rows` of every channel of [`conv_direct`], written to `out` (row
 /// `rows.start` of channel 0; planes `plane` apart), `NX` chunks of [`LANES`] columns at a
-/// time.
+/// time, each channel's sums starting at its `bias` value (`mg` rounded up to a multiple
+/// of [`DIRECT_MB`] values).
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `padded` holds `cg` channels in `geo`'s layout and
@@ -375,21 +393,21 @@ fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
+unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], bias: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
     use std::arch::x86_64::*;
     let (h, wa) = (geo.h, geo.wa);
     let (ow, kh, kw, s) = (wa.output, h.kernel, wa.kernel, wa.stride);
     let chan = geo.channel_len();
     let row_len = s * geo.len;
     let taps = cg * kh * kw;
-    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB);
+    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB && bias.len() >= mg.next_multiple_of(DIRECT_MB));
     assert!(rows.end <= h.output);
     let offsets = &geo.offsets;
     for (r, oy) in rows.clone().enumerate() {
         for blk in 0..mg.div_ceil(DIRECT_MB) {
             let wblk = &packed[blk * taps * DIRECT_MB..(blk + 1) * taps * DIRECT_MB];
             for x0 in (0..ow).step_by(NX * LANES) {
-                let mut acc = [[_mm512_setzero_ps(); DIRECT_MB]; NX];
+                let mut acc = [std::array::from_fn::<_, DIRECT_MB, _>(|m| _mm512_set1_ps(bias[blk * DIRECT_MB + m])); NX];
                 for c in 0..cg {
                     let row0 = c * chan + oy * h.stride * row_len + x0;
                     let wc = &wblk[c * kh * kw * DIRECT_MB..(c + 1) * kh * kw * DIRECT_MB];
@@ -689,6 +707,9 @@ impl Padded {
         self.rows * self.wa.stride * self.len
     }
 
+    /// [`Padded::fill_into`] with AVX-512F (the same contract on `buf`). With a column
+    /// stride of 1 the input rows are written sixteen values at a time (the zeros a row's
+    /// last vector carries past the input land on padding); other strides take
     /// [`Padded::fill_into`] compiled for AVX-512F.
     ///
     /// # Safety
@@ -696,10 +717,38 @@ impl Padded {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn fill_into_avx512(&self, src: &[f32], buf: &mut [f32]) {
-        self.fill_into(src, buf)
+        use std::arch::x86_64::*;
+        if self.wa.stride != 1 {
+            return self.fill_into(src, buf);
+        }
+        let (ih, iw, len) = (self.h.input, self.wa.input, self.len);
+        let (lo, hi, first) = self.spans[0];
+        let count = hi - lo;
+        assert!(buf.len() >= self.rows * len && src.len() >= ih * iw && first + count <= iw);
+        let top = self.h.pad_begin;
+        for iy in 0..ih.min(self.rows.saturating_sub(top)) {
+            let from = &src[iy * iw + first..iy * iw + first + count];
+            let to = &mut buf[(iy + top) * len + lo..(iy + top + 1) * len];
+            for j in (0..count).step_by(LANES) {
+                let n = (count - j).min(LANES);
+                let load: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
+                // SAFETY: the mask keeps the load to `from[j..j + n]`.
+                let v = unsafe { _mm512_maskz_loadu_ps(load, from.as_ptr().add(j)) };
+                if j + LANES <= to.len() {
+                    // SAFETY: `to[j..j + 16]` is inside this row; the lanes past the input
+                    // are zeros, stored on padding positions.
+                    unsafe { _mm512_storeu_ps(to.as_mut_ptr().add(j), v) };
+                } else {
+                    // SAFETY: the mask keeps the store to `to[j..j + n]`.
+                    unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr().add(j), load, v) };
+                }
+            }
+        }
     }
 
-    /// Copies one input channel into `buf` (of [`Padded::channel_len`] values).
+    /// Copies one input channel into `buf` (of [`Padded::channel_len`] values) that
+    /// already holds zeros at every padding position (freshly zeroed, or last filled for
+    /// the same layout): only the positions that hold input values are written.
     #[inline(always)]
     fn fill_into(&self, src: &[f32], buf: &mut [f32]) {
         let (s, iw, pb) = (self.wa.stride, self.wa.input, self.wa.pad_begin);
@@ -708,7 +757,6 @@ impl Padded {
         for (r, dst) in buf.chunks_mut(row_len).enumerate() {
             let iy = r as isize - self.h.pad_begin as isize;
             if iy < 0 || iy >= self.h.input as isize {
-                dst.fill(0.0);
                 continue;
             }
             let row = &src[iy as usize * iw..(iy as usize + 1) * iw];
@@ -717,32 +765,20 @@ impl Padded {
                 let (even, odd) = dst.split_at_mut(self.len);
                 let (first, second) = if pb % 2 == 0 { (even, odd) } else { (odd, even) };
                 let (f0, s0) = (pb / 2, pb.div_ceil(2));
-                first[..f0].fill(0.0);
-                second[..s0].fill(0.0);
                 let pairs = iw / 2;
                 deinterleave_pairs(&mut first[f0..f0 + pairs], &mut second[s0..s0 + pairs], &row[..2 * pairs]);
-                let (mut fe, se) = (f0 + pairs, s0 + pairs);
                 if iw % 2 == 1 {
-                    first[fe] = row[iw - 1];
-                    fe += 1;
+                    first[f0 + pairs] = row[iw - 1];
                 }
-                first[fe..].fill(0.0);
-                second[se..].fill(0.0);
                 continue;
             }
             for (phase, &(lo, hi, first)) in dst.chunks_mut(self.len).zip(&self.spans) {
-                for v in &mut phase[..lo] {
-                    *v = 0.0;
-                }
                 if s == 1 {
                     phase[lo..hi].copy_from_slice(&row[first..first + hi - lo]);
                 } else if hi > lo {
                     for (d, v) in phase[lo..hi].iter_mut().zip(row[first..].iter().step_by(s)) {
                         *d = *v;
                     }
-                }
-                for v in &mut phase[hi..] {
-                    *v = 0.0;
                 }
             }
         }
@@ -1089,7 +1125,26 @@ mod tests {
             // Strided depthwise rows wider than two 16-pair shuffles, odd and even padding.
             ([1, 3, 9, 75], [3, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 3),
             ([1, 2, 6, 66], [2, 1, 3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 2),
+            // Depthwise over many small planes (a padded buffer reused across channels,
+            // split across threads), stride 1 with rows wider than a vector, asymmetric pads.
+            ([1, 128, 14, 14], [128, 1, 5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 128),
+            ([1, 24, 19, 37], [24, 1, 3, 3], [1, 1], [1, 1], [0, 2, 1, 0], 24),
+            ([1, 32, 15, 15], [32, 1, 3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 32),
+            // A grouped dense conv wide enough for the direct kernel, two images.
+            ([2, 6, 10, 40], [12, 3, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
+            // Pointwise over few positions (split by output channel) and over many.
+            ([1, 64, 12, 12], [96, 64, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([1, 40, 7, 7], [72, 40, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
+            ([1, 48, 33, 35], [40, 48, 1, 1], [1, 1], [1, 1], [0, 0, 0, 0], 1),
         ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| check_cases(cases));
+        }
+    }
+
+    /// Runs every case through [`conv2d_with`] and compares it with [`naive`].
+    fn check_cases(cases: &[Case]) {
         for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
             let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
             let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();

@@ -3,8 +3,8 @@
 use qforge_ir::DType;
 
 use super::elementwise::{from_f32, to_f32};
-use super::gemm::{sgemm, MatRef};
-use super::util::{broadcast_shape, input, kernel, opt_input, tensor};
+use super::gemm::{sgemm, sgemm_into, MatRef};
+use super::util::{broadcast_shape, input, kernel, min_items, opt_input, PAR_MIN_WORK, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers MatMul and Gemm.
@@ -53,10 +53,21 @@ pub fn matmul_f32(a: &[f32], ashape: &[usize], b: &[f32], bshape: &[usize]) -> R
     if nb > 1 && bbatch.iter().product::<usize>() == 1 && abatch.len() >= bbatch.len() && abatch == &batch[batch.len() - abatch.len()..] {
         // Every batch shares B: one (nb*m) x k by k x n product.
         sgemm(nb * m, n, k, MatRef::rows(a, k), MatRef::rows(b, n), &mut out, false);
-    } else {
-        for i in 0..nb {
+    } else if m * n > 0 {
+        let product = |i: usize, dst: &mut [f32], parallel: bool| {
             let (ia, ib) = (index(abatch, i), index(bbatch, i));
-            sgemm(m, n, k, MatRef::rows(&a[ia * m * k..(ia + 1) * m * k], k), MatRef::rows(&b[ib * k * n..(ib + 1) * k * n], n), &mut out[i * m * n..(i + 1) * m * n], false);
+            let (av, bv) = (MatRef::rows(&a[ia * m * k..(ia + 1) * m * k], k), MatRef::rows(&b[ib * k * n..(ib + 1) * k * n], n));
+            // SAFETY: `dst` is an exclusively borrowed, initialized block of `m * n` values,
+            // row-major with `n` columns, apart from `a` and `b`.
+            unsafe { sgemm_into(m, n, k, av, bv, dst.as_mut_ptr(), n, false, parallel) }
+        };
+        let threads = rayon::current_num_threads();
+        if threads > 1 && nb >= threads && nb * m * n * k >= 2 * PAR_MIN_WORK {
+            // Whole products per task: no product is split across threads.
+            use rayon::prelude::*;
+            out.par_chunks_mut(m * n).with_min_len(min_items(m * n * k)).enumerate().for_each(|(i, dst)| product(i, dst, false));
+        } else {
+            out.chunks_mut(m * n).enumerate().for_each(|(i, dst)| product(i, dst, true));
         }
     }
     let mut shape = batch;
@@ -117,4 +128,57 @@ fn gemm_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         Ok(vec![from_f32(a.dtype(), &[m, n], out)?])
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batched products (broadcast batch dimensions, a shared B, one batch) on 1 and 2
+    /// threads against an f64 reference.
+    #[test]
+    fn batched_products_match_the_reference() {
+        let cases: [(&[usize], &[usize]); 4] = [
+            (&[3, 2, 37, 70], &[3, 2, 70, 45]),
+            (&[3, 1, 37, 70], &[1, 2, 70, 45]),
+            (&[4, 33, 90], &[90, 41]),
+            (&[1, 2, 128, 64], &[1, 2, 64, 128]),
+        ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for (ash, bsh) in cases {
+                let a: Vec<f32> = (0..ash.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+                let b: Vec<f32> = (0..bsh.iter().product::<usize>()).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();
+                let (got, shape) = pool.install(|| matmul_f32(&a, ash, &b, bsh)).unwrap();
+                let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
+                let batch = broadcast_shape(&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]).unwrap();
+                assert_eq!(shape, [batch.clone(), vec![m, n]].concat());
+                // The source batch of an operand for output batch `o`: its coordinates,
+                // 0 where the operand's dimension is 1 (or missing).
+                let source = |sh: &[usize], o: usize| -> usize {
+                    let dims = &sh[..sh.len() - 2];
+                    let (mut rem, mut idx, mut mult) = (o, 0, 1);
+                    for d in (0..batch.len()).rev() {
+                        let c = rem % batch[d];
+                        rem /= batch[d];
+                        if let Some(e) = (d + dims.len()).checked_sub(batch.len()) {
+                            idx += if dims[e] == 1 { 0 } else { c } * mult;
+                            mult *= dims[e];
+                        }
+                    }
+                    idx
+                };
+                for o in 0..batch.iter().product::<usize>() {
+                    let (ia, ib) = (source(ash, o), source(bsh, o));
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k).map(|p| a[(ia * m + i) * k + p] as f64 * b[(ib * k + p) * n + j] as f64).sum();
+                            let g = got[(o * m + i) * n + j] as f64;
+                            assert!((g - want).abs() <= 1e-4 * (1.0 + want.abs()), "{ash:?} @ {bsh:?}, {threads} threads, batch {o} ({i}, {j}): {g} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -229,7 +229,7 @@ impl<const N: usize> Runs<N> {
 /// Work (multiply-adds, or elements times [`ELEMENT_WORK`]) below which a task is not split
 /// off to another thread: waking a worker and joining it costs more than such a share
 /// saves, and on a loaded machine a preempted worker stalls the join.
-pub const PAR_MIN_WORK: usize = 1 << 20;
+pub const PAR_MIN_WORK: usize = 1 << 18;
 
 /// The work [`PAR_MIN_WORK`] counts per element of an elementwise pass.
 pub const ELEMENT_WORK: usize = 16;
