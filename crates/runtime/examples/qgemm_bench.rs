@@ -5,8 +5,6 @@
 //! qgemm_bench peak                                  # clock and vpdpbusd throughput of this core
 //! qgemm_bench gemm M K N [--runs R] [--isa NAME]    # the GEMM alone: u8 A, prepacked i8 B, i32 C
 //! qgemm_bench session MODEL.onnx [--runs R]         # a model in a 1-thread Session
-//! qgemm_bench nodes MODEL.onnx [--input NAME=FILE.npy]... [--threads T] [--runs R]
-//!                                                   # per-node times of a model
 //! ```
 //!
 //! Times are the median over `R` runs (after 3 warm-up runs) of wall time and of the process's
@@ -128,45 +126,8 @@ fn main() {
             });
             println!("{{\"median_ms\": {wall:.4}, \"cpu_median_ms\": {cpu:.4}, \"min_ms\": {min:.4}}}");
         }
-        Some("nodes") => {
-            let path = args.get(2).expect("usage: qgemm_bench nodes MODEL.onnx");
-            let threads = flag(&args, "--threads").and_then(|v| v.parse().ok()).unwrap_or(1);
-            nodes(path, &args, threads, runs);
-        }
-        _ => eprintln!("usage: qgemm_bench peak | gemm M K N [--runs R] [--isa NAME] | session MODEL.onnx [--runs R] | nodes MODEL.onnx [--input NAME=FILE.npy]... [--threads T] [--runs R]"),
+        _ => eprintln!("usage: qgemm_bench peak | gemm M K N [--runs R] [--isa NAME] | session MODEL.onnx [--runs R]"),
     }
-}
-
-/// Prints, as one JSON object, each step of `path`'s plan (node name, operator and median
-/// milliseconds over `runs` profiled runs after 3 warm-up runs) on a `threads`-thread
-/// session, with the inputs read from the `--input NAME=FILE.npy` arguments.
-fn nodes(path: &str, args: &[String], threads: usize, runs: usize) {
-    let model = qforge_onnx::load(std::path::Path::new(path)).expect("the model loads");
-    #[allow(clippy::needless_update)]
-    let opts = SessionOptions { threads, ..Default::default() };
-    let session = Session::with_options(&model, opts).expect("the model plans");
-    let inputs: Vec<(String, Tensor)> = args.windows(2).filter(|w| w[0] == "--input").map(|w| {
-        let (name, file) = w[1].split_once('=').expect("--input NAME=FILE.npy");
-        (name.to_string(), qforge_data::read_npy(std::path::Path::new(file)).expect("the input reads"))
-    }).collect();
-    for _ in 0..3 {
-        session.run(inputs.clone()).expect("the model runs");
-    }
-    let mut steps: Vec<(String, String, Vec<f64>)> = vec![];
-    for _ in 0..runs {
-        let (_, times) = session.run_profiled(inputs.clone()).expect("the model runs");
-        for (i, st) in times.into_iter().enumerate() {
-            if i == steps.len() {
-                steps.push((st.node, st.op, vec![]));
-            }
-            steps[i].2.push(st.seconds * 1e3);
-        }
-    }
-    let rows: Vec<String> = steps.into_iter().map(|(node, op, mut t)| {
-        t.sort_by(|a, b| a.total_cmp(b));
-        format!("{{\"node\": {node:?}, \"op\": {op:?}, \"ms\": {:.4}}}", t[t.len() / 2])
-    }).collect();
-    println!("{{\"threads\": {threads}, \"nodes\": [{}]}}", rows.join(", "));
 }
 
 /// Measures the core clock with a chain of dependent integer adds (one per cycle) and the

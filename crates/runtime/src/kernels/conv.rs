@@ -802,8 +802,8 @@ fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
     }
 }
 
-/// The whole blocks of sixteen pairs of [`deinterleave_pairs`]; returns how many pairs it
-/// wrote.
+/// [`deinterleave_pairs`] with AVX-512F: blocks of sixteen pairs, then the last pairs with
+/// masked loads and stores; returns how many pairs it wrote (all of them).
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `b` is as long as `a` and `src` twice as long.
@@ -813,15 +813,21 @@ unsafe fn deinterleave_avx512(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usiz
     use std::arch::x86_64::*;
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    let n = a.len() / 16 * 16;
+    let n = a.len();
     for k in (0..n).step_by(16) {
-        // SAFETY: k + 16 <= a.len() = b.len() and 2k + 32 <= src.len() (the caller's
-        // lengths); unaligned loads and stores are allowed.
+        let pairs = (n - k).min(16);
+        // Source values `2k .. 2k + 2 pairs`: the first 16 in `lo`, the rest in `hi`.
+        let lo_mask: __mmask16 = if 2 * pairs >= 16 { 0xffff } else { (1u16 << (2 * pairs)) - 1 };
+        let hi_mask: __mmask16 = if 2 * pairs >= 32 { 0xffff } else if 2 * pairs > 16 { (1u16 << (2 * pairs - 16)) - 1 } else { 0 };
+        let out_mask: __mmask16 = if pairs == 16 { 0xffff } else { (1u16 << pairs) - 1 };
+        // SAFETY: the masks keep the loads to `src[2k .. 2k + 2 pairs]` and the stores to
+        // `a[k .. k + pairs]` and `b[k .. k + pairs]`, inside the slices (the caller's
+        // lengths); unaligned masked accesses are allowed.
         unsafe {
-            let lo = _mm512_loadu_ps(src.as_ptr().add(2 * k));
-            let hi = _mm512_loadu_ps(src.as_ptr().add(2 * k + 16));
-            _mm512_storeu_ps(a.as_mut_ptr().add(k), _mm512_permutex2var_ps(lo, even, hi));
-            _mm512_storeu_ps(b.as_mut_ptr().add(k), _mm512_permutex2var_ps(lo, odd, hi));
+            let lo = _mm512_maskz_loadu_ps(lo_mask, src.as_ptr().add(2 * k));
+            let hi = _mm512_maskz_loadu_ps(hi_mask, src.as_ptr().add(2 * k + 16));
+            _mm512_mask_storeu_ps(a.as_mut_ptr().add(k), out_mask, _mm512_permutex2var_ps(lo, even, hi));
+            _mm512_mask_storeu_ps(b.as_mut_ptr().add(k), out_mask, _mm512_permutex2var_ps(lo, odd, hi));
         }
     }
     n
@@ -1125,6 +1131,9 @@ mod tests {
             // Strided depthwise rows wider than two 16-pair shuffles, odd and even padding.
             ([1, 3, 9, 75], [3, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 3),
             ([1, 2, 6, 66], [2, 1, 3, 3], [2, 2], [1, 1], [0, 0, 1, 1], 2),
+            // Strided depthwise rows of fewer than sixteen pairs (masked shuffles only).
+            ([1, 16, 10, 28], [16, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 16),
+            ([1, 5, 7, 9], [5, 1, 5, 5], [2, 2], [1, 1], [2, 2, 2, 2], 5),
             // Depthwise over many small planes (a padded buffer reused across channels,
             // split across threads), stride 1 with rows wider than a vector, asymmetric pads.
             ([1, 128, 14, 14], [128, 1, 5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 128),
