@@ -450,44 +450,7 @@ unsafe fn tile<const R: usize, const COLS: bool>(groups: usize, a: *const u8, ld
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A direct convolution with the requantization written out element by element.
-    #[allow(clippy::too_many_arguments)]
-    fn naive(x: &[u8], xt: Int8, xz: i32, w: &[u8], wt: Int8, wz: &[i32], c: usize, m: usize, h: Axis, wa: Axis, bias: &[i32], scale: &[f32], yz: i32) -> Vec<u8> {
-        let val = |v: u8, t: Int8| if t == Int8::I8 { v as i8 as i32 } else { v as i32 };
-        let (kh, kw) = (h.kernel, wa.kernel);
-        let mut out = vec![];
-        for j in 0..m {
-            for oy in 0..h.output {
-                for ox in 0..wa.output {
-                    let mut acc = bias[j];
-                    for ch in 0..c {
-                        for ki in 0..kh {
-                            for kj in 0..kw {
-                                let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-                                let ix = (ox * wa.stride + kj * wa.dilation) as isize - wa.pad_begin as isize;
-                                if iy < 0 || ix < 0 || iy >= h.input as isize || ix >= wa.input as isize {
-                                    continue;
-                                }
-                                let xv = val(x[(ch * h.input + iy as usize) * wa.input + ix as usize], xt) - xz;
-                                let wv = val(w[((j * c + ch) * kh + ki) * kw + kj], wt) - wz[j];
-                                acc += xv * wv;
-                            }
-                        }
-                    }
-                    let (lo, hi) = if xt == Int8::U8 { (0, 255) } else { (-128, 127) };
-                    let v = (acc as f32 * scale[j]).round_ties_even() as i32 + yz;
-                    out.push(v.clamp(lo, hi) as u8);
-                }
-            }
-        }
-        out
-    }
-
-    fn axis(input: usize, kernel: usize, stride: usize, dilation: usize, pad_begin: usize, pad_end: usize) -> Axis {
-        let output = (input + pad_begin + pad_end - dilation * (kernel - 1) - 1) / stride + 1;
-        Axis { input, kernel, stride, dilation, pad_begin, pad_end, output }
-    }
+    use crate::qgemm::test_reference::{axis, naive_conv};
 
     #[test]
     fn matches_a_direct_convolution() {
@@ -495,11 +458,8 @@ mod tests {
             eprintln!("NCHW VNNI convolution NOT TESTED: this CPU lacks AVX-512 VNNI");
             return;
         }
-        let mut seed = 7u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (seed >> 33) as u32
-        };
+        let mut rng = qforge_testkit::Rng::new(7);
+        let mut next = move || (rng.next() >> 32) as u32;
         // (channels, out channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
         type Ax = (usize, usize, usize, usize, usize, usize);
         let cases: [(usize, usize, Ax, Ax); 7] = [
@@ -528,7 +488,7 @@ mod tests {
                 let yz = (next() % 256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
                 let bias: Vec<i32> = (0..m).map(|_| (next() % 20001) as i32 - 10000).collect();
                 let scale: Vec<f32> = (0..m).map(|_| [1.0 / 256.0, 1.0 / 1024.0, 0.0037, 0.00051][(next() % 4) as usize]).collect();
-                let want = naive(&x, xt, xz, &w, wt, &wz, c, m, h, wa, &bias, &scale, yz);
+                let want = naive_conv(&x, xt, xz, &w, wt, &wz, c, m, 1, h, wa, &bias, &scale, yz);
                 let cw = ConvW::pack(wt, &w, m, k);
                 let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
                 let rq = ConvRequant {

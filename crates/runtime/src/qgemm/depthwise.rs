@@ -285,41 +285,7 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A direct depthwise convolution with the requantization written out element by element.
-    #[allow(clippy::too_many_arguments)]
-    fn naive(x: &[u8], xt: Int8, xz: i32, w: &[u8], wt: Int8, wz: &[i32], c: usize, h: Axis, wa: Axis, bias: &[i32], scale: &[f32], yz: i32) -> Vec<u8> {
-        let val = |v: u8, t: Int8| if t == Int8::I8 { v as i8 as i32 } else { v as i32 };
-        let (kh, kw) = (h.kernel, wa.kernel);
-        let mut out = vec![];
-        for ch in 0..c {
-            for oy in 0..h.output {
-                for ox in 0..wa.output {
-                    let mut acc = bias[ch];
-                    for ki in 0..kh {
-                        for kj in 0..kw {
-                            let iy = (oy * h.stride + ki * h.dilation) as isize - h.pad_begin as isize;
-                            let ix = (ox * wa.stride + kj * wa.dilation) as isize - wa.pad_begin as isize;
-                            if iy < 0 || ix < 0 || iy >= h.input as isize || ix >= wa.input as isize {
-                                continue;
-                            }
-                            let xv = val(x[(ch * h.input + iy as usize) * wa.input + ix as usize], xt) - xz;
-                            acc += xv * (val(w[(ch * kh + ki) * kw + kj], wt) - wz[ch]);
-                        }
-                    }
-                    let (lo, hi) = if xt == Int8::U8 { (0, 255) } else { (-128, 127) };
-                    let v = (acc as f32 * scale[ch]).round_ties_even() as i32 + yz;
-                    out.push(v.clamp(lo, hi) as u8);
-                }
-            }
-        }
-        out
-    }
-
-    fn axis(input: usize, kernel: usize, stride: usize, dilation: usize, pad_begin: usize, pad_end: usize) -> Axis {
-        let output = (input + pad_begin + pad_end - dilation * (kernel - 1) - 1) / stride + 1;
-        Axis { input, kernel, stride, dilation, pad_begin, pad_end, output }
-    }
+    use crate::qgemm::test_reference::{axis, naive_conv};
 
     #[test]
     fn matches_a_direct_depthwise_convolution() {
@@ -357,7 +323,7 @@ mod tests {
                 let yz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
                 let bias: Vec<i32> = (0..c).map(|_| rng.below(20001) as i32 - 10000).collect();
                 let scale: Vec<f32> = (0..c).map(|_| [1.0 / 256.0, 1.0 / 1024.0, 0.0037, 0.00051][rng.below(4)]).collect();
-                let want = naive(&x, xt, xz, &w, wt, &wz, c, h, wa, &bias, &scale, yz);
+                let want = naive_conv(&x, xt, xz, &w, wt, &wz, c, c, c, h, wa, &bias, &scale, yz);
                 let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
                 let rq = ConvRequant {
                     scale: Scale::Each(&scale),

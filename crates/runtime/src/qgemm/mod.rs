@@ -35,6 +35,8 @@ pub(crate) mod depthwise;
 mod output;
 mod pack;
 mod portable;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod test_reference;
 
 use std::ops::Range;
 
