@@ -124,7 +124,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         "p90_ms": percentile(&times, 0.9),
         "inputs": feed.iter().map(|(n, t)| json!({"name": n, "dtype": t.dtype().onnx_name(), "shape": t.shape()})).collect::<Vec<_>>(),
         "profile_ms_by_op": by_op.iter().map(|(op, ms)| json!({"op": op, "ms": ms})).collect::<Vec<_>>(),
-        "profile_ms_by_node": by_node.iter().map(|(node, op, ms)| json!({"node": node, "op": op, "ms": ms})).collect::<Vec<_>>(),
+        "profile_ms_by_node": by_node.iter().map(|n| json!({"node": n.node, "op": n.op, "ms": n.ms})).collect::<Vec<_>>(),
         "qdq_lowering": s.qdq_lowering().map(|l| json!({
             "lowered": l.lowered.len(),
             "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
@@ -144,8 +144,8 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         }
         if !by_node.is_empty() {
             println!("slowest nodes (--json lists every node):");
-            for (node, op, ms) in by_node.iter().take(SLOWEST_NODES) {
-                println!("  {ms:>9.3} ms  {op:<24} {node}");
+            for n in by_node.iter().take(SLOWEST_NODES) {
+                println!("  {:>9.3} ms  {:<24} {}", n.ms, n.op, n.node);
             }
         }
     }
@@ -157,10 +157,20 @@ const PROFILED_RUNS: usize = 10;
 /// Nodes the text output of `qforge bench --profile` lists.
 const SLOWEST_NODES: usize = 10;
 
-/// Per-node wall time of `s` on `feed`: the median over `runs` profiled runs of every node's
-/// time in a run (summed over its executions when it sits in a loop body), slowest first as
-/// `(node, op, ms)`, and their sums per op type, slowest first.
-fn profile(s: &Session, feed: &[(String, Tensor)], runs: usize) -> Result<(Vec<(String, String, f64)>, Vec<(String, f64)>)> {
+/// A node's median wall time in `qforge bench --profile`.
+struct NodeTime {
+    node: String,
+    op: String,
+    ms: f64,
+}
+
+/// Per-node wall time of `s` on `feed` (the nodes' times, then their sums per op type as
+/// `(op, ms)`): the median over `runs` profiled runs of every node's time in a run (summed
+/// over its executions when it sits in a loop body), both lists slowest first.
+type Profile = (Vec<NodeTime>, Vec<(String, f64)>);
+
+/// The [`Profile`] of `s` on `feed` over `runs` profiled runs.
+fn profile(s: &Session, feed: &[(String, Tensor)], runs: usize) -> Result<Profile> {
     let mut samples: Vec<(String, String, Vec<f64>)> = vec![];
     let mut index: std::collections::HashMap<String, usize> = Default::default();
     for run in 0..runs.max(1) {
@@ -175,18 +185,20 @@ fn profile(s: &Session, feed: &[(String, Tensor)], runs: usize) -> Result<(Vec<(
             times[run] += st.seconds * 1e3;
         }
     }
-    let mut by_node: Vec<(String, String, f64)> = samples.into_iter().map(|(node, op, mut t)| {
+    let mut by_node: Vec<NodeTime> = samples.into_iter().map(|(node, op, mut t)| {
+        // A node a run did not execute (an If branch not taken) took no time in it.
+        t.resize(runs.max(1), 0.0);
         t.sort_by(|a, b| a.total_cmp(b));
-        (node, op, percentile(&t, 0.5))
+        NodeTime { node, op, ms: percentile(&t, 0.5) }
     }).collect();
     let mut by_op: Vec<(String, f64)> = vec![];
-    for (_, op, ms) in &by_node {
-        match by_op.iter_mut().find(|(o, _)| o == op) {
-            Some(e) => e.1 += ms,
-            None => by_op.push((op.clone(), *ms)),
+    for n in &by_node {
+        match by_op.iter_mut().find(|(o, _)| *o == n.op) {
+            Some(e) => e.1 += n.ms,
+            None => by_op.push((n.op.clone(), n.ms)),
         }
     }
-    by_node.sort_by(|a, b| b.2.total_cmp(&a.2));
+    by_node.sort_by(|a, b| b.ms.total_cmp(&a.ms));
     by_op.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok((by_node, by_op))
 }
