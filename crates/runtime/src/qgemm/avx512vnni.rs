@@ -24,19 +24,7 @@ use super::Epilogue;
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usize, b: *const u8, c: *mut i32, ldc: usize, acc: bool, epi: Option<&Epilogue>) {
-    let mut sum = [[_mm512_setzero_si512(); 2]; R];
-    let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));
-    let mut bp = b;
-    for g in 0..groups {
-        let b0 = _mm512_loadu_si512(bp as *const _);
-        let b1 = _mm512_loadu_si512(bp.add(64) as *const _);
-        for (s, &row) in sum.iter_mut().zip(&rows) {
-            let av = _mm512_set1_epi32((row.add(4 * g) as *const i32).read_unaligned());
-            s[0] = _mm512_dpbusd_epi32(s[0], av, b0);
-            s[1] = _mm512_dpbusd_epi32(s[1], av, b1);
-        }
-        bp = bp.add(128);
-    }
+    let mut sum = dot_rows::<R, true>(groups, a, lda, b);
     if let Some(e) = epi {
         let (c0, c1) = (_mm512_loadu_si512(e.col as *const _), _mm512_loadu_si512(e.col.add(16) as *const _));
         if e.bz.is_null() {
@@ -64,6 +52,40 @@ pub(crate) unsafe fn tile<const R: usize>(groups: usize, a: *const u8, lda: usiz
         _mm512_storeu_si512(row as *mut _, v0);
         _mm512_storeu_si512(row.add(16) as *mut _, v1);
     }
+}
+
+/// The `R x 32` sums `sum[r][j / 16][j % 16] = sum_d a[r * lda + d] * b[g][j][d % 4]` over `4
+/// groups` depths `d` (`g = d / 4`): per group, each row's 4 bytes are broadcast against the
+/// group's 128 bytes of `b` (32 columns of 4) with `vpdpbusd`. `A_UNSIGNED`: `a`'s bytes are
+/// the instruction's unsigned operand and `b`'s the signed one; otherwise the reverse (`b`
+/// holds the unsigned activations, `a` the signed weights).
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; `a` must hold `R` rows of `4 groups` bytes at
+/// stride `lda` and `b` `groups * 128` bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn dot_rows<const R: usize, const A_UNSIGNED: bool>(groups: usize, a: *const u8, lda: usize, b: *const u8) -> [[__m512i; 2]; R] {
+    let mut sum = [[_mm512_setzero_si512(); 2]; R];
+    let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));
+    let mut bp = b;
+    for g in 0..groups {
+        let b0 = _mm512_loadu_si512(bp as *const _);
+        let b1 = _mm512_loadu_si512(bp.add(64) as *const _);
+        for (s, &row) in sum.iter_mut().zip(&rows) {
+            let av = _mm512_set1_epi32((row.add(4 * g) as *const i32).read_unaligned());
+            if A_UNSIGNED {
+                s[0] = _mm512_dpbusd_epi32(s[0], av, b0);
+                s[1] = _mm512_dpbusd_epi32(s[1], av, b1);
+            } else {
+                s[0] = _mm512_dpbusd_epi32(s[0], b0, av);
+                s[1] = _mm512_dpbusd_epi32(s[1], b1, av);
+            }
+        }
+        bp = bp.add(128);
+    }
+    sum
 }
 
 /// The tile function for `rows` rows (1..=12).

@@ -412,19 +412,7 @@ fn tile_fn(rows: usize, col_terms: bool) -> ConvTileFn {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<const R: usize, const COLS: bool>(groups: usize, a: *const u8, lda: usize, b: *const u8, e: &Epi, out: *mut u8, ldo: usize, mask: u32) {
-    let mut sum = [[_mm512_setzero_si512(); 2]; R];
-    let rows: [*const u8; R] = std::array::from_fn(|r| a.add(r * lda));
-    let mut bp = b;
-    for g in 0..groups {
-        let b0 = _mm512_loadu_si512(bp as *const _);
-        let b1 = _mm512_loadu_si512(bp.add(64) as *const _);
-        for (s, &row) in sum.iter_mut().zip(&rows) {
-            let av = _mm512_set1_epi32((row.add(4 * g) as *const i32).read_unaligned());
-            s[0] = _mm512_dpbusd_epi32(s[0], b0, av);
-            s[1] = _mm512_dpbusd_epi32(s[1], b1, av);
-        }
-        bp = bp.add(128);
-    }
+    let sum = super::avx512vnni::dot_rows::<R, false>(groups, a, lda, b);
     let (c0, c1) = if COLS {
         (_mm512_loadu_si512(e.colsum as *const _), _mm512_loadu_si512(e.colsum.add(16) as *const _))
     } else {
