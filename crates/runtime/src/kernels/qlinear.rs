@@ -33,7 +33,7 @@ use qforge_ir::{DType, Tensor, MS_DOMAIN};
 use rayon::prelude::*;
 
 use super::conv::{Axis, Window};
-use super::util::{broadcast_shape, input, opt_input, tensor};
+use super::util::{broadcast_shape, input, opt_input, tensor, vectorized_wide};
 use crate::qgemm::{self, gemm, gemm_i32, ASource, Block, FillRows, Gemm, Int8, Isa, Out8, PackedB, Scale, SharedOut, ZeroPoints};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 
@@ -1281,26 +1281,7 @@ struct DepthwiseRows<'a> {
 impl DepthwiseRows<'_> {
     /// Adds the window sums of output row `oy` to `acc` (`ow x c`, channels-last).
     fn row(&self, oy: usize, acc: &mut [i32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f,avx512bw")]
-            unsafe fn avx512(d: &DepthwiseRows, oy: usize, acc: &mut [i32]) {
-                d.row_body(oy, acc)
-            }
-            #[target_feature(enable = "avx2")]
-            unsafe fn avx2(d: &DepthwiseRows, oy: usize, acc: &mut [i32]) {
-                d.row_body(oy, acc)
-            }
-            if std::arch::is_x86_feature_detected!("avx512bw") {
-                // SAFETY: the CPU supports AVX-512 F and BW, checked just above.
-                return unsafe { avx512(self, oy, acc) };
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2, checked just above.
-                return unsafe { avx2(self, oy, acc) };
-            }
-        }
-        self.row_body(oy, acc)
+        vectorized_wide(#[inline(always)] || self.row_body(oy, acc))
     }
 
     /// [`DepthwiseRows::row`]'s loops: per kernel tap, the output columns whose input column is

@@ -31,7 +31,7 @@ use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::conv::Window;
 use super::math::round_even_int;
-use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor, written};
+use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor, vectorized_wide, written};
 use std::mem::MaybeUninit;
 use crate::qgemm::Out8;
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
@@ -236,46 +236,18 @@ fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashap
 
 /// Runs `body(start, chunk)` over `out` split into chunks of whole runs of `run` elements,
 /// on the current rayon pool when `out` is large enough to be worth it, each chunk compiled
-/// for the widest vectors the CPU has ([`with_fma`]).
+/// for the widest vectors the CPU has ([`vectorized_wide`]).
 #[inline(always)]
 fn in_chunks<O: Send>(out: &mut [O], run: usize, body: impl Fn(usize, &mut [O]) + Sync) {
     const MIN_CHUNK: usize = 1 << 15;
     let threads = rayon::current_num_threads();
     let n = out.len();
     if threads == 1 || n < 2 * MIN_CHUNK {
-        return with_fma(#[inline(always)] || body(0, out));
+        return vectorized_wide(#[inline(always)] || body(0, out));
     }
     let chunk = n.div_ceil(threads * 4).max(MIN_CHUNK).div_ceil(run) * run;
     use rayon::prelude::*;
-    out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| with_fma(#[inline(always)] || body(i * chunk, o)));
-}
-
-/// Runs `body` compiled for AVX-512 (F, BW, VL) or AVX2, each with FMA, when the CPU has them
-/// (it must be inlined into the wrapper for that, hence `#[inline(always)]` on the closures'
-/// callers).
-#[inline(always)]
-fn with_fma(body: impl FnOnce()) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-        unsafe fn avx512(body: impl FnOnce()) {
-            body()
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn fma(body: impl FnOnce()) {
-            body()
-        }
-        let fma_ok = std::arch::is_x86_feature_detected!("fma");
-        if fma_ok && std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl") {
-            // SAFETY: the CPU supports AVX-512 F/BW/VL and FMA, checked just above.
-            return unsafe { avx512(body) };
-        }
-        if fma_ok && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-            return unsafe { fma(body) };
-        }
-    }
-    body()
+    out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| vectorized_wide(#[inline(always)] || body(i * chunk, o)));
 }
 
 /// `QLinearAdd` and `QLinearMul` (`com.microsoft`): numpy broadcasting of `A` and `B`, all
