@@ -994,7 +994,6 @@ fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         if ws[0] != c || c % group != 0 {
             return Err(kernel_error(format!("input channels {c} do not match weight {ws:?} with group {group}")));
         }
-        let cg = c / group;
         let m = mg * group;
         let get = |v: &Option<Vec<usize>>, i: usize, d: usize| v.as_ref().and_then(|v| v.get(i).copied()).unwrap_or(d);
         let op = |i: usize| output_padding.as_ref().and_then(|v| v.get(i).copied()).unwrap_or(0).max(0) as usize;
@@ -1022,53 +1021,227 @@ fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         let ((sh, dh, ph, _, oh), (sw, dw, pw, _, ow)) = (geo[0], geo[1]);
         let (xv, wv) = (to_f32(x)?, to_f32(wt)?);
-        let kdim = mg * kh * kw;
-        let mut out = vec![0f32; n * m * oh * ow];
-        let mut col_buf = uninit_f32(kdim * ih * iw);
-        for b in 0..n {
-            for g in 0..group {
-                let src = &xv[(b * c + g * cg) * ih * iw..(b * c + (g + 1) * cg) * ih * iw];
-                let wg = &wv[g * cg * kdim..(g + 1) * cg * kdim];
-                // col[kdim x ih*iw] = wg^T [kdim x cg] * src [cg x ih*iw]
-                // SAFETY: `col_buf` holds the `kdim` rows of `ih * iw` values written here and
-                // is borrowed by nothing else.
-                unsafe { sgemm_into(kdim, ih * iw, cg, MatRef::transposed(wg, kdim), MatRef::rows(src, ih * iw), col_buf.as_mut_ptr().cast::<f32>(), ih * iw, false, true) };
-                // SAFETY: the product just wrote every element.
-                let col: &[f32] = unsafe { assume_init_mut(&mut col_buf) };
-                let dst = &mut out[(b * m + g * mg) * oh * ow..(b * m + (g + 1) * mg) * oh * ow];
-                dst.par_chunks_mut(oh * ow).enumerate().for_each(|(oc, plane)| {
-                    for ki in 0..kh {
-                        for kj in 0..kw {
-                            let row = &col[((oc * kh + ki) * kw + kj) * ih * iw..((oc * kh + ki) * kw + kj + 1) * ih * iw];
-                            // Input columns whose output column lies inside: ox = x * sw + off.
-                            let off = (kj * dw) as isize - pw as isize;
-                            let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(sw) };
-                            let hi = if off >= ow as isize { 0 } else { ((ow as isize - off - 1) as usize / sw + 1).min(iw) };
-                            if lo >= hi {
-                                continue;
-                            }
-                            for y in 0..ih {
-                                let oy = (y * sh + ki * dh) as isize - ph as isize;
-                                if oy < 0 || oy >= oh as isize {
-                                    continue;
-                                }
-                                let start = (oy as usize * ow) as isize + lo as isize * sw as isize + off;
-                                let out_row = &mut plane[start as usize..];
-                                for (o, v) in out_row.iter_mut().step_by(sw).zip(&row[y * iw + lo..y * iw + hi]) {
-                                    *o += v;
-                                }
-                            }
-                        }
-                    }
-                });
+        let bias = opt_input(ins, 2).map(to_f32).transpose()?;
+        if let Some(b) = &bias {
+            if b.len() != m {
+                return Err(kernel_error(format!("bias has {} values for {m} output channels", b.len())));
             }
         }
-        if let Some(bt) = opt_input(ins, 2) {
-            let bv = to_f32(bt)?;
-            out.chunks_mut(oh * ow).enumerate().for_each(|(i, p)| p.iter_mut().for_each(|v| *v += bv[i % m]));
-        }
+        let geo = TransposedConv { n, c, ih, iw, group, mg, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow };
+        let out = transposed_conv_2d(&xv, &wv, bias.as_deref(), &geo);
         Ok(vec![from_f32(x.dtype(), &[n, m, oh, ow], out)?])
     })
+}
+
+/// The geometry of a 2-D transposed convolution, NCHW: input `[n, c, ih, iw]`, weight
+/// `[c, mg, kh, kw]` in `group` groups, output `[n, group * mg, oh, ow]`. Input pixel
+/// `(y, x)` reaches output pixel `(y * sh + ki * dh - ph, x * sw + kj * dw - pw)` through
+/// kernel tap `(ki, kj)`; taps that land outside the output are dropped.
+struct TransposedConv {
+    n: usize,
+    c: usize,
+    ih: usize,
+    iw: usize,
+    group: usize,
+    mg: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: usize,
+    pw: usize,
+    oh: usize,
+    ow: usize,
+}
+
+/// Column-buffer bytes a block of input rows aims for, so that the block's product stays in
+/// cache until it is added into the output.
+const TRANSPOSED_BLOCK_BYTES: usize = 128 << 10;
+
+/// A 2-D transposed convolution (`geo`), its output starting at `bias` (or zero).
+///
+/// The input is cut into blocks of rows. For each block and group, the product
+/// `cols[mg*kh*kw x rows*iw] = w_gᵀ · x_g[cg x rows*iw]` is computed into a cache-sized
+/// buffer and each of its rows (one output channel and kernel tap) is added into the output
+/// row it lands on. Blocks run in parallel in waves whose output rows are disjoint: every
+/// block at once when the kernel's vertical span fits in the stride, else the even blocks,
+/// then the odd ones (a block has at least `span / sh` rows, so blocks two apart never touch
+/// the same output row).
+fn transposed_conv_2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, geo: &TransposedConv) -> Vec<f32> {
+    let &TransposedConv { n, c, ih, iw, group, mg, kh, kw, sh, dh, oh, ow, .. } = geo;
+    let m = mg * group;
+    let kdim = mg * kh * kw;
+    let mut out = uninit_f32(n * m * oh * ow);
+    let span = (kh - 1) * dh + 1;
+    let nonempty = ih > 0 && iw > 0 && kdim > 0 && c > 0;
+    let tiles = nonempty && kh == sh && kw == geo.sw && dh == 1 && geo.dw == 1 && geo.ph == 0 && geo.pw == 0 && oh == ih * sh && ow == iw * geo.sw;
+    let owned_rows = nonempty && span <= sh && !tiles;
+    if !owned_rows && !tiles {
+        for (plane, dst) in out.chunks_mut((oh * ow).max(1)).enumerate() {
+            dst.fill(MaybeUninit::new(bias.map_or(0.0, |b| b[plane % m])));
+        }
+        if ih == 0 || iw == 0 || kdim == 0 || c == 0 {
+            // SAFETY: every element was just set.
+            return unsafe { assume_init(out) };
+        }
+    }
+    let min_rows = span.div_ceil(sh);
+    let rows = (TRANSPOSED_BLOCK_BYTES / 4 / (kdim * iw)).clamp(min_rows, ih.max(min_rows)).min(ih);
+    let blocks = ih.div_ceil(rows);
+    let waves: &[(usize, usize)] = if span <= sh || blocks == 1 { &[(0, 1)] } else { &[(0, 2), (1, 2)] };
+    let dst = OutPtr::new(&mut out);
+    let block_work = kdim * rows * iw * (c / group);
+    for &(first, step) in waves {
+        let items: Vec<(usize, usize, usize)> =
+            (0..n).flat_map(|b| (0..group).flat_map(move |g| (first..blocks).step_by(step).map(move |blk| (b, g, blk)))).collect();
+        items.par_iter().with_min_len(min_items(block_work)).for_each_init(
+            || uninit_f32(kdim * rows * iw),
+            |cols, &(b, g, blk)| {
+                let (y0, y1) = (blk * rows, (blk * rows + rows).min(ih));
+                if owned_rows {
+                    let lo = if y0 == 0 { 0 } else { (y0 * sh).saturating_sub(geo.ph).min(oh) };
+                    let hi = if y1 == ih { oh } else { (y1 * sh).saturating_sub(geo.ph).min(oh) };
+                    fill_rows(dst, bias, geo, b, g, lo..hi);
+                }
+                // SAFETY: blocks of one wave add into disjoint output rows (see above), and
+                // those rows are initialized: before the waves, or just above by the block
+                // that alone reaches them.
+                unsafe { transposed_conv_block(x, w, geo, b, g, y0, y1, cols, dst, tiles.then_some(bias)) };
+            },
+        );
+    }
+    // SAFETY: every element was initialized before the waves, which only add to them.
+    unsafe { assume_init(out) }
+}
+
+/// Sets output rows `rows` of every channel of batch `b`, group `g` to the channel's bias (or
+/// zero). The caller's block of input rows is the only one that reaches them.
+fn fill_rows(dst: OutPtr, bias: Option<&[f32]>, geo: &TransposedConv, b: usize, g: usize, rows: std::ops::Range<usize>) {
+    let (m, plane_len) = (geo.mg * geo.group, geo.oh * geo.ow);
+    for oc in g * geo.mg..(g + 1) * geo.mg {
+        let start = (b * m + oc) * plane_len + rows.start * geo.ow;
+        let len = rows.len() * geo.ow;
+        assert!(start + len <= dst.len, "rows past the output");
+        // SAFETY: in bounds (asserted); the rows belong to the caller's block alone.
+        let region = unsafe { std::slice::from_raw_parts_mut(dst.at(start).cast::<MaybeUninit<f32>>(), len) };
+        region.fill(MaybeUninit::new(bias.map_or(0.0, |bv| bv[oc])));
+    }
+}
+
+/// Adds the contribution of input rows `y0..y1` of batch `b`, group `g` into the output at
+/// `dst`, using `cols` (at least `mg*kh*kw * (y1-y0) * iw` values) as scratch. With
+/// `write_from: Some(bias)` the kernel tiles the output (every output pixel has exactly one
+/// tap, see [`transposed_conv_2d`]) and the rows are written as the bias (or zero) plus that
+/// tap instead of added to.
+///
+/// # Safety
+/// `dst` is the output of `geo`, initialized unless `write_from` is given, and no other thread
+/// reads or writes the output rows these input rows reach during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn transposed_conv_block(x: &[f32], w: &[f32], geo: &TransposedConv, b: usize, g: usize, y0: usize, y1: usize, cols: &mut [MaybeUninit<f32>], dst: OutPtr, write_from: Option<Option<&[f32]>>) {
+    let &TransposedConv { c, ih, iw, group, mg, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow, .. } = geo;
+    let (cg, m) = (c / group, mg * group);
+    let kdim = mg * kh * kw;
+    let width = (y1 - y0) * iw;
+    let src = &x[(b * c + g * cg) * ih * iw + y0 * iw..];
+    let wg = &w[g * cg * kdim..(g + 1) * cg * kdim];
+    // SAFETY: `cols` holds the `kdim` rows of `width` values written here and is borrowed by
+    // nothing else; the input rows of stride `ih * iw` hold `width` values from `src`.
+    unsafe { sgemm_into(kdim, width, cg, MatRef::transposed(wg, kdim), MatRef { data: src, rs: ih * iw, cs: 1 }, cols.as_mut_ptr().cast::<f32>(), width, false, false) };
+    // SAFETY: the product just wrote the first `kdim * width` values.
+    let cols: &[f32] = unsafe { assume_init_mut(&mut cols[..kdim * width]) };
+    let dense_taps = dw == 1 && kw == sw && pw == 0 && ow == iw * sw;
+    for oc in 0..mg {
+        let plane = (b * m + g * mg + oc) * oh * ow;
+        for ki in 0..kh {
+            let taps = &cols[(oc * kh + ki) * kw * width..(oc * kh + ki + 1) * kw * width];
+            for y in y0..y1 {
+                let oy = (y * sh + ki * dh) as isize - ph as isize;
+                if oy < 0 || oy >= oh as isize {
+                    continue;
+                }
+                let at = (y - y0) * iw;
+                if let Some(bias) = write_from {
+                    let start = plane + oy as usize * ow;
+                    assert!(start + ow <= dst.len, "row past the output");
+                    // SAFETY: in bounds (asserted) and exclusive to this call (the caller's
+                    // guarantee); written here, never read.
+                    let out_row = unsafe { std::slice::from_raw_parts_mut(dst.at(start).cast::<MaybeUninit<f32>>(), ow) };
+                    write_interleaved(out_row, taps, width, at, iw, kw, bias.map_or(0.0, |bv| bv[g * mg + oc]));
+                    continue;
+                }
+                // SAFETY: the output row is initialized and exclusive to this call (the
+                // caller's guarantee).
+                let out_row = unsafe { dst.region(plane + oy as usize * ow, ow) };
+                if dense_taps {
+                    add_interleaved(out_row, taps, width, at, iw, kw);
+                } else {
+                    for kj in 0..kw {
+                        add_strided(out_row, &taps[kj * width + at..kj * width + at + iw], (kj * dw) as isize - pw as isize, sw);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out[x * kw + kj] += taps[kj * width + at + x]` for every kernel column `kj < kw` and input
+/// column `x`: the taps of a kernel as wide as its stride tile the output row exactly.
+fn add_interleaved(out: &mut [f32], taps: &[f32], width: usize, at: usize, iw: usize, kw: usize) {
+    if kw == 2 {
+        let (t0, t1) = (&taps[at..at + iw], &taps[width + at..width + at + iw]);
+        for ((o, &a), &b) in out.chunks_exact_mut(2).zip(t0).zip(t1) {
+            o[0] += a;
+            o[1] += b;
+        }
+    } else {
+        for (x, o) in out.chunks_exact_mut(kw).enumerate() {
+            for (kj, v) in o.iter_mut().enumerate() {
+                *v += taps[kj * width + at + x];
+            }
+        }
+    }
+}
+
+/// `out[x * kw + kj] = bias + taps[kj * width + at + x]`: [`add_interleaved`] into a row that
+/// no other tap reaches.
+fn write_interleaved(out: &mut [MaybeUninit<f32>], taps: &[f32], width: usize, at: usize, iw: usize, kw: usize, bias: f32) {
+    if kw == 2 {
+        let (t0, t1) = (&taps[at..at + iw], &taps[width + at..width + at + iw]);
+        for ((o, &a), &b) in out.chunks_exact_mut(2).zip(t0).zip(t1) {
+            o[0] = MaybeUninit::new(bias + a);
+            o[1] = MaybeUninit::new(bias + b);
+        }
+    } else {
+        for (x, o) in out.chunks_exact_mut(kw).enumerate() {
+            for (kj, v) in o.iter_mut().enumerate() {
+                *v = MaybeUninit::new(bias + taps[kj * width + at + x]);
+            }
+        }
+    }
+}
+
+/// `out[x * stride + offset] += row[x]` for the input columns `x` whose output column lies in
+/// `out`.
+fn add_strided(out: &mut [f32], row: &[f32], offset: isize, stride: usize) {
+    let ow = out.len() as isize;
+    let lo = if offset >= 0 { 0 } else { ((-offset) as usize).div_ceil(stride) };
+    let hi = if offset >= ow { 0 } else { ((ow - offset - 1) as usize / stride + 1).min(row.len()) };
+    if lo >= hi {
+        return;
+    }
+    let start = (lo as isize * stride as isize + offset) as usize;
+    if stride == 1 {
+        for (o, v) in out[start..start + hi - lo].iter_mut().zip(&row[lo..hi]) {
+            *o += v;
+        }
+    } else {
+        for (o, v) in out[start..].iter_mut().step_by(stride).zip(&row[lo..hi]) {
+            *o += v;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1164,6 +1337,75 @@ mod tests {
             assert_eq!(shape, wshape.to_vec(), "case {k}");
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, element {i}: {g} vs {e}");
+            }
+        }
+    }
+
+    /// A transposed convolution by its definition: every input pixel times every tap,
+    /// scattered to `(y*sh + ki*dh - ph, x*sw + kj*dw - pw)`, in f64.
+    fn naive_transposed(x: &[f32], w: &[f32], b: &[f32], g: &TransposedConv) -> Vec<f32> {
+        let m = g.mg * g.group;
+        let cg = g.c / g.group;
+        let mut out: Vec<f64> = (0..g.n * m * g.oh * g.ow).map(|i| b[i / (g.oh * g.ow) % m] as f64).collect();
+        for bi in 0..g.n {
+            for ci in 0..g.c {
+                let grp = ci / cg;
+                for y in 0..g.ih {
+                    for xx in 0..g.iw {
+                        let v = x[((bi * g.c + ci) * g.ih + y) * g.iw + xx] as f64;
+                        for o in 0..g.mg {
+                            for ki in 0..g.kh {
+                                for kj in 0..g.kw {
+                                    let oy = (y * g.sh + ki * g.dh) as isize - g.ph as isize;
+                                    let ox = (xx * g.sw + kj * g.dw) as isize - g.pw as isize;
+                                    if oy >= 0 && ox >= 0 && (oy as usize) < g.oh && (ox as usize) < g.ow {
+                                        let oc = grp * g.mg + o;
+                                        out[((bi * m + oc) * g.oh + oy as usize) * g.ow + ox as usize] += v * w[((ci * g.mg + o) * g.kh + ki) * g.kw + kj] as f64;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out.into_iter().map(|v| v as f32).collect()
+    }
+
+    #[test]
+    fn transposed_convolution_matches_its_definition() {
+        // (n, c, ih, iw, group, mg, kh, kw, sh, sw, dh, dw, ph, pw, extra rows/cols of
+        // output padding): kernels that tile the output (2x2 stride 2, 3x1 stride 3x1), that
+        // leave gaps (1x1 stride 2, with padding), that overlap (3x3 stride 1 and 2, dilated,
+        // grouped, 4x4 stride 2), over enough rows for several blocks and both waves.
+        let cases = [
+            (1, 24, 70, 58, 1, 24, 2, 2, 2, 2, 1, 1, 0, 0, 0),
+            (2, 6, 9, 11, 1, 3, 3, 1, 3, 1, 1, 1, 0, 0, 0),
+            (1, 4, 90, 40, 1, 5, 1, 1, 2, 2, 1, 1, 1, 0, 1),
+            (1, 8, 100, 33, 1, 6, 3, 3, 1, 1, 1, 1, 1, 1, 0),
+            (1, 6, 80, 29, 2, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1),
+            (1, 4, 61, 17, 1, 3, 3, 3, 2, 1, 2, 2, 2, 0, 0),
+            (2, 4, 40, 21, 4, 2, 4, 4, 2, 2, 1, 1, 1, 1, 0),
+            (1, 3, 1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 0, 0, 0),
+        ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for (k, &(n, c, ih, iw, group, mg, kh, kw, sh, sw, dh, dw, ph, pw, extra)) in cases.iter().enumerate() {
+                let oh = sh * (ih - 1) + extra + (kh - 1) * dh + 1 - 2 * ph;
+                let ow = sw * (iw - 1) + extra + (kw - 1) * dw + 1 - 2 * pw;
+                let geo = TransposedConv { n, c, ih, iw, group, mg, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow };
+                let x: Vec<f32> = (0..n * c * ih * iw).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+                let w: Vec<f32> = (0..c * mg * kh * kw).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();
+                let b: Vec<f32> = (0..mg * group).map(|i| i as f32 * 0.25 - 1.0).collect();
+                let want = naive_transposed(&x, &w, &b, &geo);
+                for bias in [Some(&b[..]), None] {
+                    let got = pool.install(|| transposed_conv_2d(&x, &w, bias, &geo));
+                    assert_eq!(got.len(), want.len(), "case {k}");
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        let e = if bias.is_some() { *e } else { e - b[i / (oh * ow) % (mg * group)] };
+                        assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, threads {threads}, bias {}, element {i}: {g} vs {e}", bias.is_some());
+                    }
+                }
             }
         }
     }
