@@ -1,7 +1,7 @@
 //! The f32 matrix product behind MatMul, Gemm, Conv and the RNNs: one entry point so the
 //! underlying library (the `gemm` crate, with runtime AVX2/AVX-512 dispatch) can be swapped.
 
-use super::util::PAR_MIN_WORK;
+use super::util::{par_steps, threads, PAR_MIN_WORK};
 
 /// A row-major-or-strided f32 matrix view: element (i, j) is at `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
@@ -23,8 +23,8 @@ impl<'a> MatRef<'a> {
 }
 
 /// `c[m x n] (+)= a[m x k] * b[k x n]`, `c` row-major with leading dimension `n`.
-/// Accumulates into `c` when `accumulate`, else overwrites it. Uses the current rayon pool's
-/// threads for large products.
+/// Accumulates into `c` when `accumulate`, else overwrites it. Splits large products across
+/// [`threads`].
 pub fn sgemm(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
     assert!(c.len() >= m * n, "output too small");
     // SAFETY: `c` is exclusively borrowed, initialized, and long enough (asserted above).
@@ -59,7 +59,7 @@ pub unsafe fn sgemm_into(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: 
     }
     let last = |v: &MatRef, r: usize, cc: usize| (r - 1) * v.rs + (cc - 1) * v.cs;
     assert!(last(&a, m, k) < a.data.len() && last(&b, k, n) < b.data.len(), "input view out of bounds");
-    let threads = rayon::current_num_threads();
+    let threads = threads();
     let work = m * n * k;
     if !parallel || threads == 1 || work < 2 * PAR_MIN_WORK {
         // SAFETY: the caller's guarantees, passed on.
@@ -91,8 +91,7 @@ pub unsafe fn sgemm_into(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: 
             }
         }
     };
-    use rayon::prelude::*;
-    (0..len).into_par_iter().step_by(step).for_each(run);
+    par_steps(len, step, 1, || (), |_, start| run(start));
 }
 
 /// Products from this many multiply-adds use the `gemm` crate's own threading, which
