@@ -22,7 +22,7 @@ use qforge_ir::{DType, Graph, OpsetImport, Tensor};
 
 use crate::kernels::conv::{build_conv, Conv};
 use crate::kernels::fused::{Binary, Inst, Operand, Param, ParamShape, Program, Scratch, Unary, MAX_OPERANDS};
-use crate::kernels::util::{assume_init, min_items, uninit_f32, ELEMENT_WORK};
+use crate::kernels::util::{assume_init, min_items, threads, uninit_f32, ELEMENT_WORK};
 use crate::plan::{assign_frees, opset_of, Plan, Step};
 use crate::{kernel_error, Kernel, NodeInfo, RunCtx, RuntimeResult};
 
@@ -142,6 +142,7 @@ impl Plan {
             by_name: self.by_name.clone(),
             names: self.names.clone(),
             value_ids: self.value_ids.clone(),
+            pool_bound: self.pool_bound,
         })
     }
 }
@@ -481,7 +482,7 @@ fn run_program(program: &Program, x: &Tensor, extras: &[&Tensor]) -> RuntimeResu
     let Some(bound) = program.bind(x.shape(), &views) else { return Ok(None) };
     let xs = x.as_slice::<f32>().unwrap();
     let mut out = uninit_f32(xs.len());
-    if xs.len() < 2 * CHUNK || rayon::current_num_threads() == 1 {
+    if xs.len() < 2 * CHUNK || threads() == 1 {
         bound.eval(&mut out, 0, xs, &mut Scratch::new());
     } else {
         out.par_chunks_mut(CHUNK).with_min_len(min_items(CHUNK * ELEMENT_WORK)).enumerate().for_each_init(Scratch::new, |scratch, (i, chunk)| bound.eval(chunk, i * CHUNK, xs, scratch));

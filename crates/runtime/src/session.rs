@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use qforge_ir::{Model, NodeId, Tensor, ValueId};
 
 use crate::hooks::Hooks;
+use crate::kernels::util::single_threaded;
 use crate::plan::{Folding, Plan, StepTime};
 use crate::{fold_constants, lower_qoperator, LowerLog, Registry, RuntimeError, RuntimeResult};
 
@@ -144,7 +145,7 @@ impl Session {
     /// [`Session::run_from`] (memory holds all of them, not only the live ones).
     pub fn run_keeping(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<(String, Tensor)>, RunValues)> {
         let feeds = self.feeds(inputs)?;
-        let (outs, table) = self.pool.install(|| self.plan.run_keeping(feeds, hooks))?;
+        let (outs, table) = self.enter(&self.plan, || self.plan.run_keeping(feeds, hooks))?;
         Ok((self.named(outs), RunValues { table }))
     }
 
@@ -156,7 +157,7 @@ impl Session {
     /// `base`'s run everywhere else.
     pub fn run_from(&self, base: &RunValues, dirty: &[NodeId], hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Tensor)>> {
         let dirty: HashSet<NodeId> = dirty.iter().copied().collect();
-        let outs = self.pool.install(|| self.plan.run_from(&base.table, &dirty, hooks))?;
+        let outs = self.enter(&self.plan, || self.plan.run_from(&base.table, &dirty, hooks))?;
         Ok(self.named(outs))
     }
 
@@ -186,8 +187,17 @@ impl Session {
             (None, Some(fused)) => fused,
             _ => &self.plan,
         };
-        let outs = self.pool.install(|| plan.run_profiled(feeds, &no_scope, hooks, profile))?;
+        let outs = self.enter(plan, || plan.run_profiled(feeds, &no_scope, hooks, profile))?;
         Ok(self.named(outs))
+    }
+
+    /// Runs `f`, a run of `plan`, on the session's threads: on the calling thread as a
+    /// one-thread run ([`single_threaded`]) when the session has one thread and no op of the
+    /// plan splits its work on rayon's pool itself ([`Plan::pool_bound`]), which spares
+    /// handing the run to a worker and waking the caller when it ends; else on the
+    /// session's pool.
+    fn enter<R: Send>(&self, plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
+        if self.threads() == 1 && !plan.pool_bound { single_threaded(f) } else { self.pool.install(f) }
     }
 }
 

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::elementwise::{from_f32, to_f32};
 use super::fused::{Bound, Program, Scratch};
 use super::gemm::{sgemm_into, MatRef};
-use super::util::{assume_init, assume_init_mut, input, kernel, map_in_place, min_items, opt_input, uninit_f32, ELEMENT_WORK};
+use super::util::{assume_init, assume_init_mut, input, kernel, map_in_place, min_items, opt_input, par_chunks_mut, par_steps, threads, uninit_f32, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 use qforge_ir::{DType, Tensor};
 
@@ -217,10 +217,10 @@ fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usi
     let kdim = cg * h.kernel * w.kernel;
     // About 256 KiB of columns per tile, at least one output row.
     let rows_per_tile = ((64 * 1024) / (kdim * ow).max(1)).clamp(1, oh);
-    let tiles: Vec<std::ops::Range<usize>> = (0..oh).step_by(rows_per_tile).map(|r| r..(r + rows_per_tile).min(oh)).collect();
     let out = OutPtr::new(dst);
     assert!(out.len >= mg * plane, "output too small");
-    tiles.into_par_iter().with_min_len(min_items(mg * kdim * rows_per_tile * ow)).for_each_init(|| (Vec::new(), Scratch::new()), |(col, scratch): &mut (Vec<f32>, Scratch), rows| {
+    par_steps(oh, rows_per_tile, min_items(mg * kdim * rows_per_tile * ow), || (Vec::new(), Scratch::new()), |(col, scratch): &mut (Vec<f32>, Scratch), r0| {
+        let rows = r0..(r0 + rows_per_tile).min(oh);
         let width = rows.len() * ow;
         col.resize(kdim * width, 0.0);
         im2col_rows(src, cg, h, w, rows.clone(), col);
@@ -261,13 +261,13 @@ unsafe fn finish_tile(fin: Finish, out: OutPtr, start: usize, mg: usize, plane: 
 fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     // About 128 KiB of input per tile and at least 256 columns, in a multiple of the
     // thread count of tiles.
-    let threads = rayon::current_num_threads().max(1);
+    let threads = threads().max(1);
     let out = OutPtr::new(dst);
     assert!(out.len >= mg * plane, "output too small");
     if threads > 1 && plane < 128 * threads && mg >= 16 * threads {
         // Too few columns to split evenly: one block of output channels per thread.
         let step = mg.div_ceil(threads).next_multiple_of(8);
-        (0..mg).into_par_iter().step_by(step).with_min_len(min_items(step * cg * plane)).for_each_init(Scratch::new, |scratch, ch0| {
+        par_steps(mg, step, min_items(step * cg * plane), Scratch::new, |scratch, ch0| {
             let count = step.min(mg - ch0);
             // SAFETY: output channels `ch0..ch0 + count` lie inside the output (asserted
             // above) and belong to this block alone; `src` and `weights` are other memory.
@@ -292,7 +292,7 @@ fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usi
     if plane <= cols {
         run(0, &mut Scratch::new());
     } else {
-        (0..plane).into_par_iter().step_by(cols).with_min_len(min_items(mg * cg * cols)).for_each_init(Scratch::new, |scratch, start| run(start, scratch));
+        par_steps(plane, cols, min_items(mg * cg * cols), Scratch::new, |scratch, start| run(start, scratch));
     }
 }
 
@@ -333,7 +333,7 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     let chan = geo.channel_len();
     let mut padded = vec![0f32; cg * chan];
     let plane_in = h.input * wa.input;
-    padded.par_chunks_mut(chan).with_min_len(min_items(chan * ELEMENT_WORK)).enumerate().for_each(|(c, buf)| {
+    par_chunks_mut(&mut padded, chan, min_items(chan * ELEMENT_WORK), || (), |_, c, buf| {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
         unsafe {
@@ -349,7 +349,7 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     let rows_per_task = 256usize.div_ceil(ow).min(oh);
     let out = OutPtr::new(dst);
     assert!(out.len >= mg * plane, "output too small");
-    (0..oh).into_par_iter().step_by(rows_per_task).with_min_len(min_items(rows_per_task * ow * mg * taps)).for_each_init(Scratch::new, |scratch, r0| {
+    par_steps(oh, rows_per_task, min_items(rows_per_task * ow * mg * taps), Scratch::new, |scratch, r0| {
         let r1 = (r0 + rows_per_task).min(oh);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F; rows
@@ -617,7 +617,7 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [MaybeUni
     let rest = Finish { bias: None, ..fin };
     #[cfg(target_arch = "x86_64")]
     let (avx512, avx2) = (std::arch::is_x86_feature_detected!("avx512f"), std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"));
-    dst.par_chunks_mut(plane).with_min_len(min_items(plane * kh * kw)).enumerate().for_each_init(|| (Vec::new(), Scratch::new()), |(buf, scratch): &mut (Vec<f32>, Scratch), (ch, out)| {
+    par_chunks_mut(dst, plane, min_items(plane * kh * kw), || (Vec::new(), Scratch::new()), |(buf, scratch): &mut (Vec<f32>, Scratch), ch, out| {
         let src = &img[ch * ih * iw..(ch + 1) * ih * iw];
         let k = &w[ch * kh * kw..(ch + 1) * kh * kw];
         buf.resize(geo.channel_len(), 0.0);

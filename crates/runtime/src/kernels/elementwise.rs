@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
-use super::util::{binary, input, kernel, map_into, min_items, opt_input, slice, tensor, ternary, ELEMENT_WORK};
+use super::util::{binary, input, kernel, map_into, min_items, opt_input, par_chunks_mut, slice, tensor, ternary, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the elementwise operators.
@@ -91,12 +91,11 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 /// in parallel chunks for large tensors.
 fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult<Box<dyn Kernel>> {
     kernel(move |ins| {
-        use rayon::prelude::*;
         const CHUNK: usize = 1 << 14;
         let x = input(ins, 0)?;
         let src = to_f32(x)?;
         let mut v = vec![0f32; src.len()];
-        v.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).with_min_len(min_items(CHUNK * ELEMENT_WORK)).for_each(|(d, s)| map_into(d, s, f));
+        par_chunks_mut(&mut v, CHUNK, min_items(CHUNK * ELEMENT_WORK), || (), |_, i, d| map_into(d, &src[i * CHUNK..i * CHUNK + d.len()], f));
         Ok(vec![from_f32(x.dtype(), x.shape(), v)?])
     })
 }

@@ -4,7 +4,7 @@ use qforge_ir::DType;
 
 use super::elementwise::{from_f32, to_f32};
 use super::gemm::{sgemm, sgemm_into, MatRef};
-use super::util::{broadcast_shape, input, kernel, min_items, opt_input, PAR_MIN_WORK, tensor};
+use super::util::{broadcast_shape, input, kernel, min_items, opt_input, par_chunks_mut, threads, PAR_MIN_WORK, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers MatMul and Gemm.
@@ -61,11 +61,10 @@ pub fn matmul_f32(a: &[f32], ashape: &[usize], b: &[f32], bshape: &[usize]) -> R
             // row-major with `n` columns, apart from `a` and `b`.
             unsafe { sgemm_into(m, n, k, av, bv, dst.as_mut_ptr(), n, false, parallel) }
         };
-        let threads = rayon::current_num_threads();
+        let threads = threads();
         if threads > 1 && nb >= threads && nb * m * n * k >= 2 * PAR_MIN_WORK {
             // Whole products per task: no product is split across threads.
-            use rayon::prelude::*;
-            out.par_chunks_mut(m * n).with_min_len(min_items(m * n * k)).enumerate().for_each(|(i, dst)| product(i, dst, false));
+            par_chunks_mut(&mut out, m * n, min_items(m * n * k), || (), |_, i, dst| product(i, dst, false));
         } else {
             out.chunks_mut(m * n).enumerate().for_each(|(i, dst)| product(i, dst, true));
         }

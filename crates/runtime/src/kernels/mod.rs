@@ -19,16 +19,18 @@ mod rnn;
 mod shape;
 pub(crate) mod util;
 
-/// Registers every built-in kernel.
+/// Registers every built-in kernel, marking those that split their work on rayon's current
+/// pool themselves rather than through [`util::par_chunks_mut`] and its siblings.
 pub fn register_all(r: &mut crate::Registry) {
     control::register(r);
     conv::register(r);
+    r.mark_pool_bound("", "ConvTranspose");
     elementwise::register(r);
     matmul::register(r);
     norm::register(r);
     pool::register(r);
-    qlinear::register(r);
-    qlinear_ms::register(r);
+    r.add_pool_bound(qlinear::register);
+    r.add_pool_bound(qlinear_ms::register);
     quantize::register(r);
     reduce::register(r);
     resize::register(r);

@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::{from_f32, to_f32};
-use super::util::{axis, input, kernel, lane_sum, opt_input, vectorized};
+use super::util::{axis, input, kernel, lane_sum, min_items, opt_input, par_chunks_mut, threads, vectorized, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the normalization operators.
@@ -34,7 +34,7 @@ fn batch_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let b: Vec<f32> = (0..c).map(|i| bias[i] - mean[i] * a[i]).collect();
         let plane: usize = s[2..].iter().product();
         let mut v = to_f32(x)?.into_owned();
-        v.par_chunks_mut(plane.max(1)).enumerate().for_each(|(i, row)| {
+        par_chunks_mut(&mut v, plane, min_items(plane * ELEMENT_WORK), || (), |_, i, row| {
             let ch = i % c;
             row.iter_mut().for_each(|x| *x = *x * a[ch] + b[ch]);
         });
@@ -67,7 +67,7 @@ fn layer_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                 (*m, *iv) = layer_norm_row(row, &scale, bias.as_deref(), eps);
             }
         });
-        if v.len() < 1 << 15 || rayon::current_num_threads() == 1 {
+        if v.len() < 1 << 15 || threads() == 1 {
             norm_rows(&mut v, &mut means, &mut inv);
         } else {
             let per = (1 << 13) / d + 1;
@@ -106,7 +106,7 @@ fn instance_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let plane: usize = s[2..].iter().product();
         let (scale, bias) = (to_f32(input(ins, 1)?)?.into_owned(), to_f32(input(ins, 2)?)?.into_owned());
         let mut v = to_f32(x)?.into_owned();
-        v.par_chunks_mut(plane.max(1)).enumerate().for_each(|(i, row)| {
+        par_chunks_mut(&mut v, plane, min_items(plane * ELEMENT_WORK), || (), |_, i, row| {
             let ch = i % c;
             let mean = row.iter().sum::<f32>() / plane as f32;
             let var = row.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / plane as f32;

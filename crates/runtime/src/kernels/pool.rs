@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::conv::{Axis, Window};
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, kernel, lane_sum, tensor, vectorized};
+use super::util::{input, kernel, lane_sum, tensor, threads, vectorized};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the pooling operators.
@@ -65,7 +65,7 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         };
         let planes = n * c;
         let plane_out = (oh * ow).max(1);
-        if planes * ih * iw < 1 << 15 || rayon::current_num_threads() == 1 {
+        if planes * ih * iw < 1 << 15 || threads() == 1 {
             for (p, dst) in out.chunks_mut(plane_out).enumerate() {
                 let idx = if wants_indices { &mut ind[p * plane_out..(p + 1) * plane_out] } else { &mut [][..] };
                 pool_plane(p, dst, idx);
@@ -166,7 +166,7 @@ fn global(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let xv = to_f32(x)?;
         let reduce = |p: &[f32]| vectorized(|| if max { p.iter().copied().fold(f32::NEG_INFINITY, f32::max) } else { lane_sum(p, |v| v) / plane as f32 });
         let planes = xv.chunks(plane.max(1)).take(s[0] * s[1]);
-        let out: Vec<f32> = if xv.len() < 1 << 15 || rayon::current_num_threads() == 1 {
+        let out: Vec<f32> = if xv.len() < 1 << 15 || threads() == 1 {
             planes.map(reduce).collect()
         } else {
             xv.par_chunks(plane.max(1)).take(s[0] * s[1]).map(reduce).collect()

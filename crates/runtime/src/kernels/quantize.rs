@@ -9,7 +9,7 @@ use super::elementwise::{from_f32, to_f32};
 use super::math::round_even_int;
 use std::mem::MaybeUninit;
 
-use super::util::{axis as norm_axis, input, kernel, map_into, opt_input, tensor, written};
+use super::util::{axis as norm_axis, input, kernel, map_into, opt_input, par_chunks_mut, tensor, threads, written};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers `QuantizeLinear` and `DequantizeLinear`, and ONNX Runtime's `com.microsoft`
@@ -116,12 +116,11 @@ qint!(u8, i8, u16, i16, i32);
 
 /// Unpacks `n` packed elements of `bits` bits (low bits first), sign-extending when `signed`.
 fn unpack(raw: &[u8], bits: usize, signed: bool, n: usize) -> Vec<i8> {
-    use rayon::prelude::*;
     let per = 8 / bits;
     let mask = (1u8 << bits) - 1;
     let shift = 8 - bits as u32;
     let mut out = vec![0i8; n];
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+    par_chunks_mut(&mut out, CHUNK, 1, || (), |_, c, dst| {
         let base = c * CHUNK / per;
         for (i, d) in dst.iter_mut().enumerate() {
             let v = (raw[base + i / per] >> (bits * (i % per))) & mask;
@@ -133,12 +132,11 @@ fn unpack(raw: &[u8], bits: usize, signed: bool, n: usize) -> Vec<i8> {
 
 /// Packs values of `bits` bits two or four to a byte, first element in the low bits.
 fn pack(vals: &[i8], bits: usize) -> Vec<u8> {
-    use rayon::prelude::*;
     let per = 8 / bits;
     let mask = (1u8 << bits) - 1;
     let mut out = vec![0u8; vals.len().div_ceil(per)];
-    out.par_chunks_mut(CHUNK / per).zip(vals.par_chunks(CHUNK)).for_each(|(dst, src)| {
-        for (d, group) in dst.iter_mut().zip(src.chunks(per)) {
+    par_chunks_mut(&mut out, CHUNK / per, 1, || (), |_, c, dst| {
+        for (d, group) in dst.iter_mut().zip(vals[c * CHUNK..].chunks(per)) {
             *d = group.iter().enumerate().fold(0u8, |acc, (k, &v)| acc | ((v as u8 & mask) << (bits * k)));
         }
     });
@@ -266,7 +264,7 @@ impl Plan {
                 i += hi - lo;
             }
         };
-        if out.len() < 2 * CHUNK || rayon::current_num_threads() == 1 {
+        if out.len() < 2 * CHUNK || threads() == 1 {
             work(0, out);
         } else {
             out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| work(c * CHUNK, chunk));

@@ -4,7 +4,7 @@ use qforge_ir::Tensor;
 
 use super::elementwise::{from_f32, to_f32};
 use super::math::exp;
-use super::util::{axis, input, ints, kernel, lane_sum, map_in_place, min_items, opt_input, tensor, vectorized, ELEMENT_WORK};
+use super::util::{axis, input, ints, kernel, lane_sum, map_in_place, min_items, opt_input, par_chunks_mut, tensor, vectorized, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the reduction operators.
@@ -171,8 +171,7 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         };
         let mut v = to_f32(x)?.into_owned();
         if inner == 1 && op == "Softmax" {
-            use rayon::prelude::*;
-            v.par_chunks_mut(d.max(1)).with_min_len(min_items(d * ELEMENT_WORK)).for_each(|row| vectorized(|| softmax_row(row)));
+            par_chunks_mut(&mut v, d, min_items(d * ELEMENT_WORK), || (), |_, _, row| vectorized(|| softmax_row(row)));
             return Ok(vec![from_f32(x.dtype(), s, v)?]);
         }
         for o in 0..outer {

@@ -3,7 +3,7 @@
 
 use qforge_ir::DType;
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, ints, kernel, opt_input, tensor};
+use super::util::{input, ints, kernel, opt_input, par_chunks_mut, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers Resize and Upsample.
@@ -96,7 +96,6 @@ fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi
 /// of output index `o`. Output rows are filled in parallel. Any element type: 8-bit tensors
 /// are gathered as bytes, other types as their `f32` values.
 fn nearest<T: Copy + Default + Send + Sync>(x: &[T], s: &[usize], out: &[usize], tables: &[Vec<usize>]) -> Vec<T> {
-    use rayon::prelude::*;
     let r = s.len();
     let (ow, last) = (out[r - 1], &tables[r - 1]);
     let n: usize = out.iter().product();
@@ -105,7 +104,7 @@ fn nearest<T: Copy + Default + Send + Sync>(x: &[T], s: &[usize], out: &[usize],
         return dst;
     }
     let ist = super::shape::strides(s);
-    dst.par_chunks_mut(ow).enumerate().for_each(|(row, d)| {
+    par_chunks_mut(&mut dst, ow, 1, || (), |_, row, d| {
         let mut rem = row;
         let mut off = 0;
         for a in (0..r - 1).rev() {

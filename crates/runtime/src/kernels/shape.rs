@@ -590,35 +590,45 @@ fn pad(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         let s = x.shape();
         let out: Vec<usize> = (0..r).map(|i| (s[i] as i64 + before[i] + after[i]).max(0) as usize).collect();
-        let n: usize = out.iter().product();
-        let (xs, os) = (strides(s), strides(&out));
-        // Source index for every output element, or None for the constant value.
-        let mut src: Vec<Option<usize>> = Vec::with_capacity(n);
-        for flat in 0..n {
-            let mut off = 0usize;
-            let mut inside = true;
-            for k in 0..r {
-                let d = s[k] as i64;
-                let mut c = ((flat / os[k]) % out[k]) as i64 - before[k];
-                if c < 0 || c >= d {
-                    if d == 0 { inside = false; break; }
-                    c = match mode.as_str() {
-                        "edge" => c.clamp(0, d - 1),
-                        "wrap" => c.rem_euclid(d),
-                        "reflect" if d > 1 => { let p = 2 * (d - 1); let m = c.rem_euclid(p); if m >= d { p - m } else { m } }
-                        "reflect" => 0,
-                        _ => { inside = false; break; }
-                    };
-                }
-                off += c as usize * xs[k];
-            }
-            src.push(inside.then_some(off));
+        // Source index for every output element, or None for the constant value, built axis
+        // by axis (outermost first) from each axis' map of output to input coordinates.
+        let xs = strides(s);
+        let mut src: Vec<Option<usize>> = vec![Some(0)];
+        for k in 0..r {
+            let (map, stride) = (pad_axis_map(&mode, s[k], before[k], out[k]), xs[k]);
+            src = src.iter().flat_map(|&p| map.iter().map(move |&c| Some(p? + c? * stride))).collect();
         }
         let value = cast_tensor(&value, x.dtype())?;
         let joined = concat_with_value(x, &value)?;
         let fill = x.len();
         Ok(vec![gather_elements(&joined, &out, src.into_iter().map(|s| s.unwrap_or(fill)))?])
     })
+}
+
+/// For each of the `len` output coordinates along an axis of input length `d` padded by
+/// `before` in front, the input coordinate Pad `mode` reads, or `None` where the constant
+/// value goes (constant mode outside the input, or an empty input axis).
+fn pad_axis_map(mode: &str, d: usize, before: i64, len: usize) -> Vec<Option<usize>> {
+    let d = d as i64;
+    (0..len as i64).map(|o| {
+        let c = o - before;
+        if (0..d).contains(&c) {
+            return Some(c as usize);
+        }
+        let c = match mode {
+            _ if d == 0 => return None,
+            "edge" => c.clamp(0, d - 1),
+            "wrap" => c.rem_euclid(d),
+            "reflect" if d > 1 => {
+                let p = 2 * (d - 1);
+                let m = c.rem_euclid(p);
+                if m >= d { p - m } else { m }
+            }
+            "reflect" => 0,
+            _ => return None,
+        };
+        Some(c as usize)
+    }).collect()
 }
 
 /// `x` flattened with one extra element (the pad value) appended.

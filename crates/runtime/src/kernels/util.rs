@@ -226,6 +226,59 @@ impl<const N: usize> Runs<N> {
     }
 }
 
+thread_local! {
+    static SINGLE_THREADED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` on the calling thread as a one-thread run: inside it [`threads`] is 1 and
+/// [`par_chunks_mut`] and [`par_steps`] split nothing, so kernels that divide their work
+/// through them neither hand it to a pool nor read the size of rayon's.
+pub fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SINGLE_THREADED.set(self.0);
+        }
+    }
+    let _restore = Restore(SINGLE_THREADED.replace(true));
+    f()
+}
+
+/// The threads a kernel may split its work across: 1 inside [`single_threaded`], else
+/// those of the rayon pool the caller runs in.
+pub fn threads() -> usize {
+    if SINGLE_THREADED.get() { 1 } else { rayon::current_num_threads() }
+}
+
+/// `f(state, i, chunk)` for every chunk `i` of `chunk` elements of `v` (the last may be
+/// shorter), split across [`threads`] in tasks of at least `min` chunks, each task with its
+/// own `init()` state; on the calling thread, with one state, when there is one thread or
+/// one task.
+pub fn par_chunks_mut<T: Send, S>(v: &mut [T], chunk: usize, min: usize, init: impl Fn() -> S + Sync + Send, f: impl Fn(&mut S, usize, &mut [T]) + Sync + Send) {
+    use rayon::prelude::*;
+    let chunk = chunk.max(1);
+    if threads() == 1 || v.len().div_ceil(chunk) / 2 < min {
+        let mut state = init();
+        v.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(&mut state, i, c));
+    } else {
+        v.par_chunks_mut(chunk).with_min_len(min).enumerate().for_each_init(init, |state, (i, c)| f(state, i, c));
+    }
+}
+
+/// `f(state, start)` for every `start` of `(0..len).step_by(step)`, split across
+/// [`threads`] in tasks of at least `min` starts, each task with its own `init()` state; on
+/// the calling thread, with one state, when there is one thread or one task.
+pub fn par_steps<S>(len: usize, step: usize, min: usize, init: impl Fn() -> S + Sync + Send, f: impl Fn(&mut S, usize) + Sync + Send) {
+    use rayon::prelude::*;
+    let step = step.max(1);
+    if threads() == 1 || len.div_ceil(step) / 2 < min {
+        let mut state = init();
+        (0..len).step_by(step).for_each(|start| f(&mut state, start));
+    } else {
+        (0..len).into_par_iter().step_by(step).with_min_len(min).for_each_init(init, f);
+    }
+}
+
 /// Work (multiply-adds, or elements times [`ELEMENT_WORK`]) below which a task is not split
 /// off to another thread: waking a worker and joining it costs more than such a share
 /// saves, and on a loaded machine a preempted worker stalls the join.
@@ -251,7 +304,7 @@ fn fill_runs<const N: usize, O: Send>(runs: &Runs<N>, out: &mut [O], f: impl Fn(
     use rayon::prelude::*;
     let inner = runs.inner();
     let outer = runs.outer();
-    if outer * inner < 2 * CHUNK || rayon::current_num_threads() == 1 {
+    if outer * inner < 2 * CHUNK || threads() == 1 {
         runs.visit(0..outer, |o, offs, len, st| f(&mut out[o * inner..o * inner + len], offs, st));
     } else if inner >= CHUNK {
         runs.visit(0..outer, |o, offs, _, st| {
@@ -502,6 +555,39 @@ fn bytemuck_u32(b: &[u8]) -> &[u32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every chunk and every step is visited once with its index, on one thread inside
+    /// `single_threaded` (even within a larger pool) and split across a pool's threads.
+    #[test]
+    fn parallel_helpers_cover_their_range_on_one_or_many_threads() {
+        let caller = std::thread::current().id();
+        let check = |expect_caller: bool| {
+            let mut v = vec![0usize; 1000];
+            par_chunks_mut(&mut v, 7, 1, || (), |_, i, c| {
+                assert!(!expect_caller || std::thread::current().id() == caller);
+                c.iter_mut().enumerate().for_each(|(k, x)| *x = i * 7 + k);
+            });
+            assert!(v.iter().enumerate().all(|(i, &x)| x == i));
+            let seen: Vec<std::sync::atomic::AtomicUsize> = (0..1000).map(|_| Default::default()).collect();
+            par_steps(1000, 3, 1, || (), |_, start| {
+                assert!(!expect_caller || std::thread::current().id() == caller);
+                seen[start].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            });
+            assert!(seen.iter().enumerate().all(|(i, n)| n.load(std::sync::atomic::Ordering::Relaxed) == usize::from(i % 3 == 0)));
+        };
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        pool.install(|| {
+            assert_eq!(threads(), 4);
+            check(false);
+        });
+        single_threaded(|| {
+            assert_eq!(threads(), 1);
+            pool.install(|| assert_eq!(threads(), 4));
+            check(true);
+            assert_eq!(threads(), 1);
+        });
+        assert!(!SINGLE_THREADED.get());
+    }
 
     #[test]
     fn broadcasting_matches_numpy_rules() {
