@@ -140,12 +140,6 @@ impl Registry {
         self.pool_bound.extend(added);
     }
 
-    /// Marks a registered op as splitting its work on rayon's current pool itself (see
-    /// [`Registry::pool_bound`]).
-    pub(crate) fn mark_pool_bound(&mut self, domain: &str, op_type: &str) {
-        self.pool_bound.insert((norm_domain(domain).to_string(), op_type.to_string()));
-    }
-
     /// Whether the op's kernel splits its work on rayon's current pool itself rather than
     /// through [`crate::kernels::util::par_chunks_mut`] and its siblings, so it must run
     /// inside a pool to keep to the pool's threads (a session hands runs of graphs holding

@@ -2,8 +2,6 @@
 
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
-
 use super::elementwise::{from_f32, to_f32};
 use super::fused::{Bound, Program, Scratch};
 use super::gemm::{sgemm_into, MatRef};
@@ -1096,21 +1094,19 @@ fn transposed_conv_2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, geo: &Transpos
     for &(first, step) in waves {
         let items: Vec<(usize, usize, usize)> =
             (0..n).flat_map(|b| (0..group).flat_map(move |g| (first..blocks).step_by(step).map(move |blk| (b, g, blk)))).collect();
-        items.par_iter().with_min_len(min_items(block_work)).for_each_init(
-            || uninit_f32(kdim * rows * iw),
-            |cols, &(b, g, blk)| {
-                let (y0, y1) = (blk * rows, (blk * rows + rows).min(ih));
-                if owned_rows {
-                    let lo = if y0 == 0 { 0 } else { (y0 * sh).saturating_sub(geo.ph).min(oh) };
-                    let hi = if y1 == ih { oh } else { (y1 * sh).saturating_sub(geo.ph).min(oh) };
-                    fill_rows(dst, bias, geo, b, g, lo..hi);
-                }
-                // SAFETY: blocks of one wave add into disjoint output rows (see above), and
-                // those rows are initialized: before the waves, or just above by the block
-                // that alone reaches them.
-                unsafe { transposed_conv_block(x, w, geo, b, g, y0, y1, cols, dst, tiles.then_some(bias)) };
-            },
-        );
+        par_steps(items.len(), 1, min_items(block_work), || uninit_f32(kdim * rows * iw), |cols, i| {
+            let (b, g, blk) = items[i];
+            let (y0, y1) = (blk * rows, (blk * rows + rows).min(ih));
+            if owned_rows {
+                let lo = if y0 == 0 { 0 } else { (y0 * sh).saturating_sub(geo.ph).min(oh) };
+                let hi = if y1 == ih { oh } else { (y1 * sh).saturating_sub(geo.ph).min(oh) };
+                fill_rows(dst, bias, geo, b, g, lo..hi);
+            }
+            // SAFETY: blocks of one wave add into disjoint output rows (see above), and
+            // those rows are initialized: before the waves, or just above by the block
+            // that alone reaches them.
+            unsafe { transposed_conv_block(x, w, geo, b, g, y0, y1, cols, dst, tiles.then_some(bias)) };
+        });
     }
     // SAFETY: every element was initialized before the waves, which only add to them.
     unsafe { assume_init(out) }

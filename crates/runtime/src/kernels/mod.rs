@@ -24,7 +24,6 @@ pub(crate) mod util;
 pub fn register_all(r: &mut crate::Registry) {
     control::register(r);
     conv::register(r);
-    r.mark_pool_bound("", "ConvTranspose");
     elementwise::register(r);
     matmul::register(r);
     norm::register(r);
