@@ -112,11 +112,12 @@ impl Isa {
         }
     }
 
-    /// The tile kernel for `rows` rows (at most the family's tallest).
-    fn tile(self, rows: usize) -> TileFn {
+    /// The tile kernel for `rows` rows (at most the family's tallest) of a panel whose first
+    /// `cols` columns are wanted (the kernel may leave the others of C untouched).
+    fn tile(self, rows: usize, cols: usize) -> TileFn {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => avx512vnni::tile_fn(rows),
+            Isa::Avx512Vnni => avx512vnni::tile_fn(rows, cols),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::tile_fn(rows),
             _ => portable::tile_fn(rows),
@@ -415,8 +416,9 @@ impl Plan<'_> {
             }
             for jp in 0..ncp / geo.nr {
                 let bp = b.panel(cols.start / geo.nr + jp, k0 / geo.kg);
+                let width = (ncols - jp * geo.nr).min(geo.nr);
                 for &(r0, h) in &panels {
-                    let f = isa.tile(h);
+                    let f = isa.tile(h, width);
                     let epi = (fused && last_block).then(|| Epilogue {
                         col: s.colterm[jp * geo.nr..].as_ptr(),
                         row: s.rowterm[r0..].as_ptr(),
