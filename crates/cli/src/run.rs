@@ -127,6 +127,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         "profile_ms_by_node": by_node.iter().map(|n| json!({"node": n.node, "op": n.op, "ms": n.ms})).collect::<Vec<_>>(),
         "qdq_lowering": s.qdq_lowering().map(|l| json!({
             "lowered": l.lowered.len(),
+            "lookup_tables": l.lowered.iter().filter(|u| u.into == qforge_runtime::LOOKUP_TABLE).map(|u| json!({"graph": u.graph, "node": u.node, "op": u.op})).collect::<Vec<_>>(),
             "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
         })),
     });
@@ -136,7 +137,8 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         println!("{}: median {median:.3} ms (p10 {:.3}, p90 {:.3}, {runs} runs, {} threads)",
             model_path.display(), report["p10_ms"].as_f64().unwrap(), report["p90_ms"].as_f64().unwrap(), report["threads"]);
         if let Some(l) = s.qdq_lowering() {
-            println!("QDQ units run as integer operators: {}; left in float arithmetic: {}{}", l.lowered.len(), l.not_lowered.len(),
+            let tables = l.lowered.iter().filter(|u| u.into == qforge_runtime::LOOKUP_TABLE).count();
+            println!("QDQ units run as integer operators: {} ({tables} as lookup tables); left in float arithmetic: {}{}", l.lowered.len(), l.not_lowered.len(),
                 if l.not_lowered.is_empty() { "" } else { " (--json lists them with the reason)" });
         }
         for (op, ms) in &by_op {

@@ -22,7 +22,15 @@ mod session;
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
 pub use fold_constants::fold_constants;
 pub use hooks::{Hooks, NodeEvent, ValueEvent};
-pub use lower_qoperator::{lower_qoperator, LowerError, LowerLog, Lowered, NotLowered};
+pub use lower_qoperator::{lower_qoperator, lower_qoperator_with, LowerError, LowerLog, LowerOptions, Lowered, NotLowered};
 pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
 pub use plan::{opset_of, Folding, Plan, StepTime, NONDETERMINISTIC};
 pub use session::{RunValues, Session, SessionOptions};
+
+/// The domain of operators that only sessions create, in the graphs they plan (never in
+/// models qforge writes).
+pub const RUNTIME_DOMAIN: &str = "ai.qforge.runtime";
+
+/// The [`RUNTIME_DOMAIN`] operator mapping 8-bit integers through a 256-entry table, which
+/// sessions run QDQ units of pointwise ops as (see [`LowerOptions`]).
+pub const LOOKUP_TABLE: &str = "LookupTable";

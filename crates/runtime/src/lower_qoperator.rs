@@ -27,10 +27,17 @@
 //! per-tensor qparams are removed (the integer tensor is read directly, as ONNX Runtime's
 //! QDQ-to-QOperator conversion does); pairs that requantize stay explicit. If/Loop bodies are
 //! lowered too (innermost first), and every graph passes `Graph::check` after the pass.
+//!
+//! For qforge's own sessions only ([`LowerOptions::lookup_tables`]), a unit of a pointwise op
+//! (HardSwish, HardSigmoid, Tanh, Erf, Exp, Clip, ...) that has no other integer form becomes a
+//! [`LOOKUP_TABLE`] of its 256 possible results, computed by the unit's own kernels.
 
 use std::collections::HashMap;
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, NodeId, OpsetImport, Patch, Tensor, ValueId, ValueType, CAPTURE_USE, MS_DOMAIN};
+
+use crate::kernels::elementwise::is_pointwise;
+use crate::{LOOKUP_TABLE, RUNTIME_DOMAIN};
 
 /// A unit rewritten into integer operators.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,11 +84,27 @@ pub enum LowerError {
     Model(String),
 }
 
+/// Choices of [`lower_qoperator_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LowerOptions {
+    /// Rewrites each unit of a pointwise op ([`crate::kernels::elementwise::is_pointwise`])
+    /// that has no other integer form, with per-tensor 8-bit input and output and constant
+    /// other inputs, into a [`crate::LOOKUP_TABLE`] of the 256 results of its
+    /// `DequantizeLinear`, op and `QuantizeLinear` kernels (so it computes exactly what the
+    /// unit does). The result is then for qforge sessions only: no other runtime has the op.
+    pub lookup_tables: bool,
+}
+
 /// Lowers every QDQ unit of `model` (main graph and If/Loop bodies) that has an integer form
 /// into it; see the module documentation for the patterns. Units that cannot be lowered stay
 /// QDQ and are listed in the log with the reason. Adds the `com.microsoft` opset import when
 /// contrib operators were written. On error the model is left unchanged.
 pub fn lower_qoperator(model: &mut Model) -> Result<LowerLog, LowerError> {
+    lower_qoperator_with(model, LowerOptions::default())
+}
+
+/// [`lower_qoperator`] with [`LowerOptions`].
+pub fn lower_qoperator_with(model: &mut Model, options: LowerOptions) -> Result<LowerLog, LowerError> {
     let opset = model.opset("").ok_or_else(|| LowerError::Model("the model does not import the default ONNX domain".into()))?;
     let mut m = model.clone();
     let mut log = LowerLog::default();
@@ -89,7 +112,7 @@ pub fn lower_qoperator(model: &mut Model) -> Result<LowerLog, LowerError> {
     for path in paths.iter().rev() {
         let outer = outer_constants(&m.graph, path);
         let g = m.graph.graph_at_mut(path).ok_or_else(|| LowerError::Model("a subgraph disappeared while lowering".into()))?;
-        lower_graph(g, &outer, opset, &mut log)?;
+        lower_graph(g, &outer, (opset, &model.opset_imports), options, &mut log)?;
     }
     m.graph.check().map_err(|e| LowerError::Model(format!("the lowered graph fails its check: {e}")))?;
     if log.contrib && m.opset(MS_DOMAIN).is_none() {
@@ -118,7 +141,9 @@ fn outer_constants(root: &Graph, path: &[(NodeId, String)]) -> HashMap<String, T
 }
 
 /// Lowers the units of one graph, then removes equal-qparams DQ -> Q pairs and dead nodes.
-fn lower_graph(g: &mut Graph, outer: &HashMap<String, Tensor>, opset: i64, log: &mut LowerLog) -> Result<(), LowerError> {
+/// `opsets` are the default-domain opset and every import of the model.
+fn lower_graph(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64, &[OpsetImport]), options: LowerOptions, log: &mut LowerLog) -> Result<(), LowerError> {
+    let (opset, imports) = opsets;
     let order = g.topo_order().map_err(|e| LowerError::Model(e.to_string()))?;
     for id in order {
         let Ok(node) = g.node(id) else { continue };
@@ -126,7 +151,13 @@ fn lower_graph(g: &mut Graph, outer: &HashMap<String, Tensor>, opset: i64, log: 
         if is_op(node, "QuantizeLinear") || is_op(node, "DequantizeLinear") {
             continue;
         }
-        let result = lower_node(&Ctx { g, outer, opset }, id);
+        let ctx = Ctx { g, outer, opset, imports };
+        let mut result = lower_node(&ctx, id);
+        if options.lookup_tables && !matches!(result, Ok(Some(_))) {
+            if let Some(rw) = lower_lookup(&ctx, id) {
+                result = Ok(Some(rw));
+            }
+        }
         match result {
             Ok(None) => {}
             Ok(Some(rw)) => {
@@ -137,7 +168,7 @@ fn lower_graph(g: &mut Graph, outer: &HashMap<String, Tensor>, opset: i64, log: 
             Err(reason) => log.not_lowered.push(NotLowered { graph: g.name.clone(), node: name, op, reason }),
         }
     }
-    log.pairs_removed += remove_equal_pairs(g, outer, opset).map_err(|e| LowerError::Model(format!("graph '{}': {e}", g.name)))?;
+    log.pairs_removed += remove_equal_pairs(g, outer, opset, imports).map_err(|e| LowerError::Model(format!("graph '{}': {e}", g.name)))?;
     g.remove_dead_nodes();
     Ok(())
 }
@@ -147,11 +178,13 @@ fn is_op(n: &Node, op: &str) -> bool {
     n.op_type == op && (n.domain.is_empty() || n.domain == "ai.onnx" || (n.domain == MS_DOMAIN && matches!(op, "QuantizeLinear" | "DequantizeLinear")))
 }
 
-/// The graph being lowered, the constants of enclosing graphs and the default-domain opset.
+/// The graph being lowered, the constants of enclosing graphs, the default-domain opset and
+/// the model's opset imports.
 struct Ctx<'a> {
     g: &'a Graph,
     outer: &'a HashMap<String, Tensor>,
     opset: i64,
+    imports: &'a [OpsetImport],
 }
 
 impl Ctx<'_> {
@@ -1081,13 +1114,76 @@ fn lower_clamp(ctx: &Ctx, id: NodeId) -> Result<Option<Rewrite>, String> {
     Ok(Some(b.done(&[id, q.node], "Clip on integers", false)))
 }
 
+/// A unit `DequantizeLinear -> pointwise op [-> absorbed Relu/Clip] -> QuantizeLinear` with
+/// per-tensor 8-bit qparams and constant other inputs -> a [`LOOKUP_TABLE`] of the unit's
+/// result for every input byte, computed by running the unit's own nodes' kernels on the 256
+/// possible inputs (see [`LowerOptions::lookup_tables`]). `None` when the node is not such a
+/// unit.
+fn lower_lookup(ctx: &Ctx, id: NodeId) -> Option<Rewrite> {
+    let n = ctx.node(id);
+    if !(n.domain.is_empty() || n.domain == "ai.onnx") || !is_pointwise(&n.op_type) || n.outputs.len() != 1 {
+        return None;
+    }
+    let x = deq(ctx, n.input(0)?)?;
+    check_activation(&x, "the input", LOOKUP_TABLE, false).ok()?;
+    let Ok(Out::Q { q, absorbed }) = output(ctx, n.output(0)?) else { return None };
+    if !matches!(q.dtype, DType::U8 | DType::I8) {
+        return None;
+    }
+    let (dq, _) = ctx.g.producer(n.input(0)?)?;
+    let bytes = match x.dtype {
+        DType::U8 => Tensor::from_vec(&[256], (0..=255u8).collect()),
+        _ => Tensor::from_vec(&[256], (0..=255u8).map(|b| b as i8).collect()),
+    }.ok()?;
+    let mut v = run_pointwise(ctx, dq, bytes)?;
+    for &node in std::iter::once(&id).chain(&absorbed) {
+        v = run_pointwise(ctx, node, v)?;
+    }
+    let table = run_pointwise(ctx, q.node, v)?;
+    let mut b = Builder::new(ctx, id);
+    let t = b.init("table", table);
+    b.add(LOOKUP_TABLE, RUNTIME_DOMAIN, None, vec![Some(x.x), Some(t)], vec![q.output], vec![]);
+    Some(b.done(&unit_nodes(id, &q, &absorbed), LOOKUP_TABLE, false))
+}
+
+/// Runs node `id`'s kernel on `x` as its first input and the constants of its other inputs (a
+/// dequantized constant scalar counts, see [`constant_scalar`]); `None` when an other input
+/// is not constant or the kernel fails.
+fn run_pointwise(ctx: &Ctx, id: NodeId, x: Tensor) -> Option<Tensor> {
+    let node = ctx.node(id);
+    let mut inputs = vec![Some(x)];
+    for &v in node.inputs.iter().skip(1) {
+        inputs.push(match v {
+            None => None,
+            Some(v) => Some(ctx.constant(v).or_else(|| constant_scalar(ctx, v).map(Tensor::scalar))?),
+        });
+    }
+    let opset = crate::opset_of(ctx.imports, &node.domain);
+    let build = crate::Registry::builtin().lookup(&node.domain, &node.op_type, opset)?;
+    let scope_consts = HashMap::new();
+    let info = crate::NodeInfo {
+        node,
+        id,
+        graph: ctx.g,
+        opset,
+        opsets: ctx.imports,
+        scope_consts: &scope_consts,
+        const_inputs: inputs.iter().enumerate().map(|(i, t)| t.as_ref().filter(|_| i > 0)).collect(),
+        input_types: node.inputs.iter().map(|v| v.and_then(|v| ctx.g.value(v).ok()).and_then(|v| v.ty.as_ref())).collect(),
+    };
+    let kernel = build(&info).ok()?;
+    let ins: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
+    let no_scope = |_: &str| None;
+    kernel.run(&ins, &crate::RunCtx { scope: &no_scope, hooks: None }).ok()?.into_iter().next()
+}
+
 /// Removes `DequantizeLinear -> QuantizeLinear` pairs whose per-tensor qparams are equal: the
 /// readers of the `QuantizeLinear` read the integer tensor directly. Returns the count.
-fn remove_equal_pairs(g: &mut Graph, outer: &HashMap<String, Tensor>, opset: i64) -> qforge_ir::IrResult<usize> {
+fn remove_equal_pairs(g: &mut Graph, outer: &HashMap<String, Tensor>, opset: i64, imports: &[OpsetImport]) -> qforge_ir::IrResult<usize> {
     let mut removed = 0;
     let qnodes: Vec<NodeId> = g.nodes().filter(|(_, n)| is_op(n, "QuantizeLinear")).map(|(id, _)| id).collect();
     for qid in qnodes {
-        let ctx = Ctx { g, outer, opset };
+        let ctx = Ctx { g, outer, opset, imports };
         let Some(input) = ctx.g.node(qid).ok().and_then(|n| n.input(0)) else { continue };
         let Some(d) = deq(&ctx, input) else { continue };
         let Ok(q) = quant(&ctx, qid) else { continue };

@@ -7,7 +7,7 @@ use qforge_ir::{Model, NodeId, Tensor, ValueId};
 use crate::hooks::Hooks;
 use crate::kernels::util::single_threaded;
 use crate::plan::{Folding, Plan, StepTime};
-use crate::{fold_constants, lower_qoperator, LowerLog, Registry, RuntimeError, RuntimeResult};
+use crate::{fold_constants, lower_qoperator_with, LowerLog, LowerOptions, Registry, RuntimeError, RuntimeResult};
 
 /// How a session runs.
 #[derive(Debug, Clone, Default)]
@@ -34,9 +34,11 @@ impl RunValues {
 ///
 /// Runs without hooks use a second plan, built from a rewritten graph:
 /// * QDQ units (`DequantizeLinear -> Conv -> QuantizeLinear` and the other patterns of
-///   [`lower_qoperator`]) run as integer operators, as ONNX Runtime runs them, so a result may
+///   [`lower_qoperator`](crate::lower_qoperator)) run as integer operators, as ONNX Runtime runs them, so a result may
 ///   differ from the QDQ graph's float arithmetic by one quantization step where a value lies
-///   on a rounding boundary;
+///   on a rounding boundary; units of other pointwise ops (HardSwish, HardSigmoid, Tanh, ...)
+///   run as 256-entry lookup tables of exactly what their QDQ nodes compute
+///   ([`LowerOptions::lookup_tables`]);
 /// * chains of f32 elementwise ops are fused (into the epilogue of the Conv that feeds them,
 ///   with per-channel affine ops folded into its weights, or into one pass), which changes
 ///   results by rounding at most.
@@ -77,7 +79,8 @@ impl Session {
 
     /// The plan for runs without hooks, and the lowering it ran when the model has QDQ units:
     /// constants except `DequantizeLinear` outputs are folded ([`fold_constants`], so weights
-    /// quantized at run time become integer constants), QDQ units are rewritten into integer operators ([`lower_qoperator`]),
+    /// quantized at run time become integer constants), QDQ units are rewritten into integer operators
+    /// or lookup tables ([`lower_qoperator_with`]),
     /// as ONNX Runtime fuses `DequantizeLinear -> op -> QuantizeLinear` groups when it builds a
     /// session, then chains of f32 elementwise ops are fused. Falls back to the graph as given
     /// when lowering changes nothing, fails, or yields a graph that does not plan.
@@ -92,7 +95,7 @@ impl Session {
                     let _ = fold_constants(g, &model.opset_imports, |n| n.op_type == "DequantizeLinear");
                 }
             }
-            if let Ok(log) = lower_qoperator(&mut lowered) {
+            if let Ok(log) = lower_qoperator_with(&mut lowered, LowerOptions { lookup_tables: true }) {
                 let changed = !log.lowered.is_empty() || log.pairs_removed > 0;
                 let planned = changed.then(|| Plan::build_with(&lowered.graph, &lowered.opset_imports, Registry::builtin(), &Default::default(), Folding::Constants));
                 if let Some(Ok(lp)) = planned.filter(|p| p.as_ref().is_ok_and(|p| same_interface(p, plan))) {

@@ -224,8 +224,9 @@ fn zps(v: &[i32]) -> ZeroPoints<'_> {
 fn every_gemm_path_matches_a_naive_product_and_the_portable_kernel() {
     let mut rng = Rng::new(7);
     // Odd sizes, depths over one block (512) and not a multiple of 4, widths over one block
-    // (384), rows over one block (144), and the degenerate ones.
-    let shapes = [(1, 1, 1), (1, 7, 1), (5, 3, 2), (13, 17, 33), (12, 64, 32), (31, 129, 47), (145, 301, 70), (3, 1100, 9), (150, 41, 500), (40, 2051, 33), (20, 1100, 64), (7, 0, 5), (0, 5, 3)];
+    // (384), rows over one block (144), last panels of at most 24 columns (their own tile),
+    // and the degenerate ones.
+    let shapes = [(1, 1, 1), (1, 7, 1), (5, 3, 2), (13, 17, 33), (12, 64, 32), (31, 129, 47), (145, 301, 70), (3, 1100, 9), (150, 41, 500), (40, 2051, 33), (20, 1100, 64), (37, 200, 24), (7, 0, 5), (0, 5, 3)];
     let types = [(Int8::U8, Int8::I8), (Int8::U8, Int8::U8), (Int8::I8, Int8::I8), (Int8::I8, Int8::U8)];
     let mut checked = vec![];
     for isa in Isa::ALL {
@@ -438,6 +439,7 @@ fn conv_cases() -> Vec<ConvCase> {
         c2(1, 4, 6, 2, [7, 7], [1, 1], [2, 2], [1, 1], [0, 0, 0, 0]),
         c2(1, 3, 64, 1, [40, 36], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
         c2(1, 72, 20, 1, [9, 9], [3, 3], [1, 1], [1, 1], [0, 0, 0, 0]),
+        c2(1, 96, 24, 1, [23, 29], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
     ];
     v.push(ConvCase { n: 1, c: 4, m: 5, group: 1, input: vec![13], kernel: vec![3], strides: vec![2], dilations: vec![1], pads: vec![1, 0], auto_pad: None });
     v.push(ConvCase { n: 1, c: 6, m: 6, group: 6, input: vec![20], kernel: vec![5], strides: vec![1], dilations: vec![2], pads: vec![4, 4], auto_pad: None });

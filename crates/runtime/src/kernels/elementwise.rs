@@ -7,15 +7,23 @@ use qforge_ir::{DType, Tensor};
 use super::util::{binary, input, kernel, map_into, min_items, opt_input, par_chunks_mut, slice, tensor, ternary, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
+/// Float ops of one input computed element by element: each output element depends only on
+/// the input element at its position and on the node's attributes.
+const UNARY_FLOAT: &[&str] = &["Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos",
+    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish"];
+
+/// Ops of one input computed element by element on signed and float types, with the first
+/// opset of each.
+const UNARY_SIGNED: &[(&str, i64)] = &[("Neg", 1), ("Abs", 1), ("Sign", 9)];
+
 /// Registers the elementwise operators.
 pub fn register(r: &mut Registry) {
-    for op in ["Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos",
-        "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish"] {
+    for op in UNARY_FLOAT {
         r.add("", op, 1, LATEST, unary_float);
     }
-    r.add("", "Neg", 1, LATEST, unary_signed);
-    r.add("", "Abs", 1, LATEST, unary_signed);
-    r.add("", "Sign", 9, LATEST, unary_signed);
+    for &(op, since) in UNARY_SIGNED {
+        r.add("", op, since, LATEST, unary_signed);
+    }
     r.add("", "IsNaN", 9, LATEST, is_class);
     r.add("", "IsInf", 10, LATEST, is_class);
     for op in ["Add", "Sub", "Mul", "Div"] {
@@ -38,6 +46,13 @@ pub fn register(r: &mut Registry) {
     for op in ["Sum", "Max", "Min", "Mean"] {
         r.add("", op, 1, LATEST, variadic);
     }
+}
+
+/// Whether the default-domain op `op` maps each element of its first input to one output
+/// element by a function fixed by its attributes and its other inputs when those are
+/// constant: the single-input elementwise ops, and `Clip` (bounds as inputs).
+pub(crate) fn is_pointwise(op: &str) -> bool {
+    op == "Clip" || UNARY_FLOAT.contains(&op) || UNARY_SIGNED.iter().any(|&(o, _)| o == op)
 }
 
 /// Converts a float tensor of any float type to f32 values.

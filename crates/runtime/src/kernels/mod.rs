@@ -3,7 +3,7 @@
 
 mod control;
 pub(crate) mod conv;
-mod elementwise;
+pub(crate) mod elementwise;
 pub(crate) mod fused;
 mod gemm;
 pub(crate) mod math;

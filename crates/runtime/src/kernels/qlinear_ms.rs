@@ -18,6 +18,8 @@
 //! * `QLinearSoftmax`: a 256-entry f32 table of `exp((x - xmax + shift)·sx)` (built in f64),
 //!   summed in f32 along the softmax axis, `y = rne(t·floor(1/sy) / sum) + zy` (see
 //!   [`qlinear_softmax`]).
+//! * `LookupTable` (qforge's own, sessions only): `Y[i] = Table[byte of X[i]]` over a constant
+//!   256-entry table, vectorized with AVX-512 VBMI byte permutes.
 //! * `DynamicQuantizeLinear`: uint8 with `scale = (max(0, xmax) - min(0, xmin)) / 255` (1 when
 //!   the range is empty) and `zp = rne(clamp(-xmin / scale, 0, 255))`, as ONNX Runtime computes
 //!   them.
@@ -34,7 +36,7 @@ use super::math::round_even_int;
 use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor, vectorized_wide, written};
 use std::mem::MaybeUninit;
 use crate::qgemm::Out8;
-use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST, LOOKUP_TABLE, RUNTIME_DOMAIN};
 
 /// Registers the `com.microsoft` QLinear operators of this file and `DynamicQuantizeLinear`.
 pub fn register(r: &mut Registry) {
@@ -46,6 +48,7 @@ pub fn register(r: &mut Registry) {
     r.add(MS_DOMAIN, "QLinearAveragePool", 1, LATEST, qlinear_average_pool);
     r.add(MS_DOMAIN, "QLinearConcat", 1, LATEST, qlinear_concat);
     r.add(MS_DOMAIN, "QLinearSoftmax", 1, LATEST, qlinear_softmax);
+    r.add(RUNTIME_DOMAIN, LOOKUP_TABLE, 1, LATEST, lookup_table_op);
     r.add("", "DynamicQuantizeLinear", 11, LATEST, dynamic_quantize_linear);
 }
 
@@ -131,9 +134,73 @@ fn lookup_table<T: Out8>(x_scale: f32, x_zp: i32, y_scale: f32, y_zp: i32, f: im
     table
 }
 
-/// Maps every element through a table indexed by its byte.
-fn apply_table<T: Out8>(x: &[T], table: &[T; 256]) -> Vec<T> {
-    x.iter().map(|v| table[v.byte() as usize]).collect()
+/// Maps every element of `x` through `table`, indexed by the element's byte (see
+/// [`lookup_all`]).
+fn apply_table<T: Out8, O: Out8>(x: &[T], table: &[O; 256]) -> Vec<O> {
+    let src: &[u8] = bytemuck::cast_slice(x);
+    let bytes: [u8; 256] = std::array::from_fn(|b| table[b].byte());
+    // SAFETY: `lookup_all` writes every element of `dst`, which has `src`'s length.
+    let out: Vec<u8> = unsafe { written(src.len(), |dst| lookup_all(src, &bytes, dst)) };
+    bytemuck::allocation::cast_vec(out)
+}
+
+/// `dst[i] = table[src[i]]` over slices of equal length, split across the current rayon pool
+/// when they are large enough to be worth it.
+fn lookup_all(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+    const MIN_CHUNK: usize = 1 << 17;
+    let threads = rayon::current_num_threads();
+    if threads == 1 || src.len() < 2 * MIN_CHUNK {
+        return lookup_bytes(src, table, dst);
+    }
+    let chunk = src.len().div_ceil(threads * 2).max(MIN_CHUNK);
+    use rayon::prelude::*;
+    dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| lookup_bytes(s, table, d));
+}
+
+/// `dst[i] = table[src[i]]` over slices of equal length, 64 bytes per step with AVX-512 VBMI
+/// byte permutes when the CPU has them.
+fn lookup_bytes(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512vbmi") && std::arch::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU supports AVX-512 F/BW/VBMI, checked just above.
+        return unsafe { lookup_vbmi(src, table, dst) };
+    }
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(table[s as usize]);
+    }
+}
+
+/// [`lookup_bytes`] with AVX-512 VBMI: two `vpermi2b` look up each index's low seven bits in
+/// the table's halves and its top bit picks between them; the tail is masked.
+///
+/// # Safety
+/// The CPU supports AVX-512 F, BW and VBMI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lookup_vbmi(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let (s, d, t) = (src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), table.as_ptr());
+    // SAFETY: the table has 256 bytes; every load and store below covers bytes `i..i + 64`
+    // with `i + 64 <= n`, or the masked bytes `i..n`, of slices at least `n` long.
+    unsafe {
+        let (t0, t1) = (_mm512_loadu_si512(t.cast()), _mm512_loadu_si512(t.add(64).cast()));
+        let (t2, t3) = (_mm512_loadu_si512(t.add(128).cast()), _mm512_loadu_si512(t.add(192).cast()));
+        let map = |idx: __m512i| {
+            let lo = _mm512_permutex2var_epi8(t0, idx, t1);
+            let hi = _mm512_permutex2var_epi8(t2, idx, t3);
+            _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi)
+        };
+        let mut i = 0;
+        while i + 64 <= n {
+            _mm512_storeu_si512(d.add(i).cast(), map(_mm512_loadu_si512(s.add(i).cast())));
+            i += 64;
+        }
+        if i < n {
+            let mask: __mmask64 = (1u64 << (n - i)) - 1;
+            _mm512_mask_storeu_epi8(d.add(i).cast(), mask, map(_mm512_maskz_loadu_epi8(mask, s.add(i).cast())));
+        }
+    }
 }
 
 /// Inputs `(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)` of a binary QLinear op, read
@@ -355,6 +422,27 @@ fn qlinear_lookup(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         Ok(vec![match dtype {
             DType::U8 => tensor(x.shape(), apply_table(x.as_slice::<u8>().expect("checked"), &lookup_table::<u8>(sx, zx, sy, zy, f)))?,
             _ => tensor(x.shape(), apply_table(x.as_slice::<i8>().expect("checked"), &lookup_table::<i8>(sx, zx, sy, zy, f)))?,
+        }])
+    })
+}
+
+/// `LookupTable` (qforge's own operator, made by sessions for QDQ units of a pointwise op, see
+/// [`crate::LowerOptions`]): inputs `(X, Table)`, `X` uint8 or int8 and `Table` a constant of
+/// 256 uint8 or int8 elements; `Y[i] = Table[byte of X[i]]`, of `Table`'s type and `X`'s shape.
+fn lookup_table_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let table = info.const_input(1).ok_or_else(|| info.error("the table (input 1) must be a constant"))?;
+    let out_type = check_8bit(table, "the table").map_err(|e| info.error(e.to_string()))?;
+    let bytes: [u8; 256] = table.raw_bytes().and_then(|b| b.try_into().ok())
+        .ok_or_else(|| info.error(format!("the table must have 256 elements, got shape {:?}", table.shape())))?;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        check_8bit(x, "X")?;
+        let src = x.raw_bytes().ok_or_else(|| kernel_error("X has no element bytes"))?;
+        // SAFETY: `lookup_all` writes every element of `dst`, which has `src`'s length.
+        let out: Vec<u8> = unsafe { written(src.len(), |dst| lookup_all(src, &bytes, dst)) };
+        Ok(vec![match out_type {
+            DType::U8 => tensor(x.shape(), out)?,
+            _ => tensor(x.shape(), bytemuck::allocation::cast_vec::<u8, i8>(out))?,
         }])
     })
 }

@@ -112,11 +112,12 @@ impl Isa {
         }
     }
 
-    /// The tile kernel for `rows` rows (at most the family's tallest).
-    fn tile(self, rows: usize) -> TileFn {
+    /// The tile kernel for `rows` rows (at most the family's tallest) of a panel whose first
+    /// `cols` columns are wanted (the kernel may leave the others of C untouched).
+    fn tile(self, rows: usize, cols: usize) -> TileFn {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => avx512vnni::tile_fn(rows),
+            Isa::Avx512Vnni => avx512vnni::tile_fn(rows, cols),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::tile_fn(rows),
             _ => portable::tile_fn(rows),
@@ -346,6 +347,12 @@ impl Plan<'_> {
                 s.bz.resize(ncp, 0);
             }
         }
+        // A's row sums only ever meet B's stored zero points: when those are all 0 (symmetric
+        // int8 weights), the sums are not needed and stay 0.
+        let row_sums_needed = match g.b_zp {
+            ZeroPoints::Tensor(z) => z.wrapping_add(bsh) != 0,
+            ZeroPoints::Each(v) => v[cols.clone()].iter().any(|&z| z.wrapping_add(bsh) != 0),
+        };
         let panels: Vec<(usize, usize)> = (0..mrows).step_by(geo.mr).map(|r0| (r0, geo.mr.min(mrows - r0))).collect();
         let elem = if geo.wide { 2 } else { 1 };
         let flip = isa.a_shift(g.a_type) != 0;
@@ -364,7 +371,9 @@ impl Plan<'_> {
             // bytes are already that form, else copied (shifted or widened, zero-padded).
             let (abase, lda): (*const u8, usize) = match g.a {
                 ASource::Rows { data, lda } if !geo.wide && !flip && k1 <= k => {
-                    sum_rows_u8(&data[rows.start * lda + kr0..], lda, kr1 - kr0, &mut s.row_sums);
+                    if row_sums_needed {
+                        sum_rows_u8(&data[rows.start * lda + kr0..], lda, kr1 - kr0, &mut s.row_sums);
+                    }
                     (data[rows.start * lda + kr0..].as_ptr(), lda)
                 }
                 ASource::Fill(f) if !geo.wide && !flip => {
@@ -376,7 +385,9 @@ impl Plan<'_> {
                     if w < ld {
                         (0..mrows).for_each(|r| dst[r * ld + w..(r + 1) * ld].fill(0));
                     }
-                    sum_rows_u8(dst, ld, w, &mut s.row_sums);
+                    if row_sums_needed {
+                        sum_rows_u8(dst, ld, w, &mut s.row_sums);
+                    }
                     (s.a.bytes().as_ptr(), ld)
                 }
                 _ => {
@@ -415,8 +426,9 @@ impl Plan<'_> {
             }
             for jp in 0..ncp / geo.nr {
                 let bp = b.panel(cols.start / geo.nr + jp, k0 / geo.kg);
+                let width = (ncols - jp * geo.nr).min(geo.nr);
                 for &(r0, h) in &panels {
-                    let f = isa.tile(h);
+                    let f = isa.tile(h, width);
                     let epi = (fused && last_block).then(|| Epilogue {
                         col: s.colterm[jp * geo.nr..].as_ptr(),
                         row: s.rowterm[r0..].as_ptr(),

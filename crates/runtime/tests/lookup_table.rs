@@ -1,0 +1,152 @@
+//! QDQ units of pointwise ops (`DequantizeLinear -> op [-> Relu] -> QuantizeLinear`), which
+//! sessions run as 256-entry lookup tables, give bit for bit the integers of the same units
+//! run step by step in float (the plan runs with hooks use) and of ONNX Runtime running the
+//! QDQ model: uint8 and int8, random qparams, every input byte and data large enough to be
+//! split across threads.
+
+use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType};
+use qforge_runtime::{Hooks, Session, SessionOptions, ValueEvent, LOOKUP_TABLE};
+use qforge_testkit::{ort_run, Rng, TempDir};
+
+fn range(d: DType) -> (i64, i64) {
+    if d == DType::U8 { (0, 255) } else { (-128, 127) }
+}
+
+fn q8(d: DType, shape: &[usize], v: &[i64]) -> Tensor {
+    match d {
+        DType::U8 => Tensor::from_vec(shape, v.iter().map(|&x| x as u8).collect::<Vec<_>>()),
+        _ => Tensor::from_vec(shape, v.iter().map(|&x| x as i8).collect::<Vec<_>>()),
+    }
+    .unwrap()
+}
+
+/// Hooks that change nothing: runs with them take the unlowered plan.
+struct Watch;
+
+impl Hooks for Watch {
+    fn on_value(&mut self, _: &ValueEvent, _: &Tensor) -> Option<Tensor> {
+        None
+    }
+}
+
+/// A pointwise op with its attributes and constant extra inputs.
+struct Op {
+    op: &'static str,
+    attrs: Vec<(&'static str, Attr)>,
+    extras: Vec<f32>,
+}
+
+fn op(op: &'static str) -> Op {
+    Op { op, attrs: vec![], extras: vec![] }
+}
+
+/// `x -> DequantizeLinear -> op [-> Relu] -> QuantizeLinear -> y` with random per-tensor
+/// qparams; the Relu's output zero point is the type minimum, so the lowering absorbs it.
+fn unit(o: &Op, d: DType, x: Tensor, relu: bool, rng: &mut Rng) -> (Model, Vec<(String, Tensor)>) {
+    let (lo, hi) = range(d);
+    let mut g = Graph::new("g");
+    let dims: Vec<i64> = x.shape().iter().map(|&v| v as i64).collect();
+    let xv = g.add_input("x", Some(ValueType::tensor_of(d, &dims))).unwrap();
+    let scale = |rng: &mut Rng| rng.pick(&[0.5f32, 0.125, 0.1, 0.037, 0.0213, 7.1e-3, 0.3, 1.7]);
+    let xs = g.add_initializer("xs", Tensor::scalar(scale(rng))).unwrap();
+    let xz = g.add_initializer("xz", q8(d, &[], &[rng.int(lo, hi)])).unwrap();
+    let ys = g.add_initializer("ys", Tensor::scalar(scale(rng))).unwrap();
+    let yz = g.add_initializer("yz", q8(d, &[], &[if relu { lo } else { rng.int(lo, hi) }])).unwrap();
+    let value = |g: &mut Graph, name: &str| g.new_value(name, None).unwrap();
+    let add = |g: &mut Graph, op: &str, inputs: Vec<ValueId>, out: ValueId, attrs: &[(&str, Attr)]| {
+        let mut n = Node::new(op, format!("{op}_node")).with_outputs(vec![out]);
+        n.inputs = inputs.into_iter().map(Some).collect();
+        for (k, v) in attrs {
+            n = n.with_attr(k, v.clone());
+        }
+        g.add_node(n).unwrap();
+    };
+    let f = value(&mut g, "f");
+    add(&mut g, "DequantizeLinear", vec![xv, xs, xz], f, &[]);
+    let extras: Vec<ValueId> = o.extras.iter().enumerate().map(|(i, &v)| g.add_initializer(format!("extra{i}"), Tensor::scalar(v)).unwrap()).collect();
+    let mut h = value(&mut g, "h");
+    add(&mut g, o.op, [vec![f], extras].concat(), h, &o.attrs);
+    if relu {
+        let r = value(&mut g, "r");
+        add(&mut g, "Relu", vec![h], r, &[]);
+        h = r;
+    }
+    let y = value(&mut g, "y");
+    add(&mut g, "QuantizeLinear", vec![h, ys, yz], y, &[]);
+    g.set_outputs(vec![y]).unwrap();
+    let m = Model { ir_version: 10, opset_imports: vec![OpsetImport { domain: String::new(), version: 21 }], graph: g, ..Default::default() };
+    (m, vec![("x".to_string(), x)])
+}
+
+#[test]
+fn pointwise_units_run_as_lookup_tables_match_their_float_path_and_onnx_runtime() {
+    let dir = TempDir::new("lut");
+    let ops = || {
+        vec![
+            op("HardSwish"),
+            Op { op: "HardSigmoid", attrs: vec![("alpha", Attr::Float(0.3)), ("beta", Attr::Float(0.6))], extras: vec![] },
+            op("Tanh"),
+            op("Erf"),
+            op("Exp"),
+            op("Log"),
+            op("Sqrt"),
+            Op { op: "Elu", attrs: vec![("alpha", Attr::Float(0.7))], extras: vec![] },
+            op("Softplus"),
+            op("Neg"),
+            op("Abs"),
+            op("Gelu"),
+            op("Relu"),
+            Op { op: "Clip", attrs: vec![], extras: vec![-0.5, 1.5] },
+        ]
+    };
+    let mut total = 0;
+    for d in [DType::U8, DType::I8] {
+        let (lo, hi) = range(d);
+        for (k, o) in ops().iter().enumerate() {
+            for seed in 0..4u64 {
+                let mut rng = Rng::new(1000 * k as u64 + seed);
+                let big = seed == 3;
+                let x = if big {
+                    q8(d, &[3, 100_003], &(0..300_009).map(|_| rng.int(lo, hi)).collect::<Vec<_>>())
+                } else {
+                    q8(d, &[2, 128], &(lo..=hi).collect::<Vec<_>>())
+                };
+                let relu = seed == 2 && o.op != "Relu";
+                let (m, feeds) = unit(o, d, x, relu, &mut rng);
+                let what = format!("{} {d} seed {seed} relu {relu}", o.op);
+                let s = Session::with_options(&m, SessionOptions { threads: if big { 2 } else { 1 } }).unwrap();
+                let log = s.qdq_lowering().unwrap_or_else(|| panic!("{what}: not lowered"));
+                assert!(log.lowered.iter().any(|l| l.into == LOOKUP_TABLE) && log.not_lowered.is_empty(), "{what}: {log:?}");
+                let table = s.run(feeds.clone()).unwrap();
+                let float = s.run_with_hooks(feeds.clone(), &mut Watch).unwrap();
+                let path = dir.path().join("m.onnx");
+                qforge_onnx::save(&m, &path).unwrap();
+                let ort = ort_run(&path, &feeds, 1);
+                let (a, b, c) = (table[0].1.to_i64_vec().unwrap(), float[0].1.to_i64_vec().unwrap(), ort[0].1.to_i64_vec().unwrap());
+                assert_eq!(table[0].1.dtype(), d, "{what}");
+                for i in 0..a.len() {
+                    assert_eq!(a[i], b[i], "{what}: element {i} (x = {}): table vs float path", feeds[0].1.to_i64_vec().unwrap()[i]);
+                    assert_eq!(a[i], c[i], "{what}: element {i} (x = {}): table vs ONNX Runtime", feeds[0].1.to_i64_vec().unwrap()[i]);
+                }
+                total += a.len();
+            }
+        }
+    }
+    println!("{total} elements bit-identical");
+}
+
+#[test]
+fn lookup_table_refuses_bad_tables_and_inputs() {
+    let mut g = Graph::new("g");
+    let x = g.add_input("x", Some(ValueType::tensor_of(DType::U8, &[4]))).unwrap();
+    let t = g.add_initializer("t", Tensor::from_vec(&[255], vec![0u8; 255]).unwrap()).unwrap();
+    let y = g.new_value("y", None).unwrap();
+    let mut n = Node::new(LOOKUP_TABLE, "lut").with_outputs(vec![y]);
+    n.domain = qforge_runtime::RUNTIME_DOMAIN.into();
+    n.inputs = vec![Some(x), Some(t)];
+    g.add_node(n).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    let m = Model { ir_version: 10, opset_imports: vec![OpsetImport { domain: String::new(), version: 21 }], graph: g, ..Default::default() };
+    let err = Session::new(&m).err().expect("a 255-entry table is refused").to_string();
+    assert!(err.contains("256 elements"), "{err}");
+}
