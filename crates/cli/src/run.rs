@@ -128,6 +128,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         "qdq_lowering": s.qdq_lowering().map(|l| json!({
             "lowered": l.lowered.len(),
             "lookup_tables": l.lowered.iter().filter(|u| u.into == qforge_runtime::LOOKUP_TABLE).map(|u| json!({"graph": u.graph, "node": u.node, "op": u.op})).collect::<Vec<_>>(),
+            "composed_tables": l.composed.iter().map(|c| json!({"graph": c.graph, "node": c.node, "chain": c.chain})).collect::<Vec<_>>(),
             "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
         })),
     });
@@ -140,6 +141,10 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
             let tables = l.lowered.iter().filter(|u| u.into == qforge_runtime::LOOKUP_TABLE).count();
             println!("QDQ units run as integer operators: {} ({tables} as lookup tables); left in float arithmetic: {}{}", l.lowered.len(), l.not_lowered.len(),
                 if l.not_lowered.is_empty() { "" } else { " (--json lists them with the reason)" });
+            if !l.composed.is_empty() {
+                let nodes: usize = l.composed.iter().map(|c| c.chain.len()).sum();
+                println!("elementwise chains over one 8-bit value run as lookup tables: {} (of {nodes} nodes)", l.composed.len());
+            }
         }
         for (op, ms) in &by_op {
             println!("  {op:<24} {ms:>9.3} ms");

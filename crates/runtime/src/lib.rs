@@ -22,7 +22,7 @@ mod session;
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
 pub use fold_constants::fold_constants;
 pub use hooks::{Hooks, NodeEvent, ValueEvent};
-pub use lower_qoperator::{lower_qoperator, lower_qoperator_with, LowerError, LowerLog, LowerOptions, Lowered, NotLowered};
+pub use lower_qoperator::{lower_qoperator, lower_qoperator_with, LowerError, LowerLog, LowerOptions, Lowered, NotLowered, Composed};
 pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
 pub use plan::{opset_of, Folding, Plan, StepTime, NONDETERMINISTIC};
 pub use session::{RunValues, Session, SessionOptions};

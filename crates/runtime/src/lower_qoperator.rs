@@ -61,11 +61,26 @@ pub struct NotLowered {
     pub reason: String,
 }
 
+/// A chain of elementwise nodes over one 8-bit value that runs as one lookup table
+/// ([`LowerOptions::lookup_tables`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Composed {
+    /// The name of the graph holding the chain.
+    pub graph: String,
+    /// The node whose output the table computes (its name, or `#id (op)`).
+    pub node: String,
+    /// The nodes of the chain, first to last, ending with `node`; those without other readers
+    /// are removed.
+    pub chain: Vec<String>,
+}
+
 /// What [`lower_qoperator`] did.
 #[derive(Debug, Clone, Default)]
 pub struct LowerLog {
     pub lowered: Vec<Lowered>,
     pub not_lowered: Vec<NotLowered>,
+    /// Chains of elementwise nodes composed into lookup tables, after the units were lowered.
+    pub composed: Vec<Composed>,
     /// `DequantizeLinear -> QuantizeLinear` pairs with equal qparams that were removed.
     pub pairs_removed: usize,
     /// Whether `com.microsoft` operators were written (the model then imports that domain).
@@ -170,6 +185,9 @@ fn lower_graph(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64, &[O
     }
     log.pairs_removed += remove_equal_pairs(g, outer, opset, imports).map_err(|e| LowerError::Model(format!("graph '{}': {e}", g.name)))?;
     g.remove_dead_nodes();
+    if options.lookup_tables {
+        compose_lookups(g, outer, opsets, log)?;
+    }
     Ok(())
 }
 
@@ -1158,6 +1176,14 @@ fn run_pointwise(ctx: &Ctx, id: NodeId, x: Tensor) -> Option<Tensor> {
             Some(v) => Some(ctx.constant(v).or_else(|| constant_scalar(ctx, v).map(Tensor::scalar))?),
         });
     }
+    run_node(ctx, id, &inputs, |i| i > 0)
+}
+
+/// Builds node `id`'s kernel, telling it that the inputs at the positions `constant` accepts
+/// are the constants given, and runs it on `inputs`; its first output, or `None` when the
+/// kernel refuses the node or the inputs.
+fn run_node(ctx: &Ctx, id: NodeId, inputs: &[Option<Tensor>], constant: impl Fn(usize) -> bool) -> Option<Tensor> {
+    let node = ctx.node(id);
     let opset = crate::opset_of(ctx.imports, &node.domain);
     let build = crate::Registry::builtin().lookup(&node.domain, &node.op_type, opset)?;
     let scope_consts = HashMap::new();
@@ -1168,13 +1194,144 @@ fn run_pointwise(ctx: &Ctx, id: NodeId, x: Tensor) -> Option<Tensor> {
         opset,
         opsets: ctx.imports,
         scope_consts: &scope_consts,
-        const_inputs: inputs.iter().enumerate().map(|(i, t)| t.as_ref().filter(|_| i > 0)).collect(),
+        const_inputs: inputs.iter().enumerate().map(|(i, t)| t.as_ref().filter(|_| constant(i))).collect(),
         input_types: node.inputs.iter().map(|v| v.and_then(|v| ctx.g.value(v).ok()).and_then(|v| v.ty.as_ref())).collect(),
     };
     let kernel = build(&info).ok()?;
     let ins: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
     let no_scope = |_: &str| None;
     kernel.run(&ins, &crate::RunCtx { scope: &no_scope, hooks: None }).ok()?.into_iter().next()
+}
+
+/// Integer ops of the lowered graph computed element by element, with their data inputs,
+/// each with the position of the zero point of its type; the other inputs are per-tensor
+/// parameters.
+const ELEMENTWISE_INTEGER: &[(&str, &str, &[(usize, Option<usize>)])] = &[
+    (MS_DOMAIN, "QLinearAdd", &[(0, Some(2)), (3, Some(5))]),
+    (MS_DOMAIN, "QLinearMul", &[(0, Some(2)), (3, Some(5))]),
+    (MS_DOMAIN, "QLinearSigmoid", &[(0, Some(2))]),
+    (MS_DOMAIN, "QLinearLeakyRelu", &[(0, Some(2))]),
+    (RUNTIME_DOMAIN, LOOKUP_TABLE, &[(0, None)]),
+    ("", "DequantizeLinear", &[(0, Some(2))]),
+    ("", "QuantizeLinear", &[(0, None)]),
+];
+
+/// The data inputs of `n` when it computes each output element from the elements at the same
+/// position of its data inputs (with scalar constants broadcast), each with the position of
+/// an input of its type when there is one: the ops of [`ELEMENTWISE_INTEGER`], the pointwise
+/// default-domain ops (`Clip` bounds have the input's type) and `Add`/`Sub`/`Mul`/`Div`.
+fn elementwise_inputs(n: &Node) -> Option<&'static [(usize, Option<usize>)]> {
+    let default = n.domain.is_empty() || n.domain == "ai.onnx";
+    if let Some(&(_, _, data)) = ELEMENTWISE_INTEGER.iter().find(|(d, op, _)| n.op_type == *op && (n.domain == *d || (d.is_empty() && default))) {
+        return Some(data);
+    }
+    match n.op_type.as_str() {
+        _ if !default => None,
+        "Add" | "Sub" | "Mul" | "Div" => Some(&[(0, Some(1)), (1, Some(0))]),
+        "Clip" => Some(&[(0, Some(1))]),
+        op if is_pointwise(op) => Some(&[(0, None)]),
+        _ => None,
+    }
+}
+
+/// Composes chains of elementwise nodes over one 8-bit value into lookup tables: a node of
+/// [`elementwise_inputs`] whose non-constant data inputs are all the same 8-bit value `x` or
+/// functions of it already tabulated, whose other inputs are constant and whose constants hold
+/// one element, has the table of its result for each of the 256 values of `x`, computed by
+/// running its kernel on the tables of its inputs. A node with such a table and an 8-bit
+/// output that is not already a [`LOOKUP_TABLE`] of `x` becomes one, so the hardswish
+/// `x * clip(x + 3, 0, 6) / 6` of four integer nodes is read and written once; nodes left
+/// without readers are removed afterwards. Each table is listed in [`LowerLog::composed`].
+fn compose_lookups(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64, &[OpsetImport]), log: &mut LowerLog) -> Result<(), LowerError> {
+    let (opset, imports) = opsets;
+    let mut tables: HashMap<ValueId, Tabulated> = HashMap::new();
+    let order = g.topo_order().map_err(|e| LowerError::Model(e.to_string()))?;
+    for id in order {
+        let ctx = Ctx { g, outer, opset, imports };
+        let Some(t) = tabulate(&ctx, id, &tables) else { continue };
+        let n = ctx.node(id);
+        let y = n.output(0).expect("tabulated nodes have one output");
+        let already = n.op_type == LOOKUP_TABLE && n.domain == RUNTIME_DOMAIN && n.input(0) == Some(t.root);
+        let rewrite = (matches!(t.table.dtype(), DType::U8 | DType::I8) && !already).then(|| {
+            let mut b = Builder::new(&ctx, id);
+            let table = b.init("composed_table", t.table.clone());
+            b.add(LOOKUP_TABLE, RUNTIME_DOMAIN, Some("composed"), vec![Some(t.root), Some(table)], vec![y], vec![]);
+            b.done(&[id], LOOKUP_TABLE, false)
+        });
+        if let Some(rw) = rewrite {
+            log.composed.push(Composed { graph: g.name.clone(), node: t.chain.last().cloned().unwrap_or_default(), chain: t.chain.clone() });
+            g.apply(rw.patch).map_err(|e| LowerError::Model(format!("graph '{}': {e}", g.name)))?;
+        }
+        tables.insert(y, t);
+    }
+    g.remove_dead_nodes();
+    Ok(())
+}
+
+/// A value computed from one 8-bit value `root` element by element: its value for each of the
+/// 256 values of `root`, and the nodes that compute it from `root`.
+struct Tabulated {
+    root: ValueId,
+    table: Tensor,
+    chain: Vec<String>,
+}
+
+/// What node `id` computes as a function of one 8-bit value (see [`compose_lookups`]), or
+/// `None`.
+fn tabulate(ctx: &Ctx, id: NodeId, tables: &HashMap<ValueId, Tabulated>) -> Option<Tabulated> {
+    let n = ctx.node(id);
+    let data = elementwise_inputs(n)?;
+    if n.outputs.len() != 1 || n.subgraphs().next().is_some() {
+        return None;
+    }
+    let mut root = None;
+    let mut chain: Vec<String> = vec![];
+    let mut inputs = Vec::with_capacity(n.inputs.len());
+    let mut constant = vec![false; n.inputs.len()];
+    for (i, v) in n.inputs.iter().enumerate() {
+        let Some(v) = *v else {
+            inputs.push(None);
+            continue;
+        };
+        let data_input = data.iter().find(|d| d.0 == i);
+        if let Some(c) = ctx.constant(v) {
+            let table_of_lookup = i == 1 && n.op_type == LOOKUP_TABLE && n.domain == RUNTIME_DOMAIN;
+            if !table_of_lookup && (c.len() != 1 || (data_input.is_some() && c.shape().len() > 1)) {
+                return None;
+            }
+            inputs.push(Some(c));
+            constant[i] = true;
+            continue;
+        }
+        let &(_, type_of) = data_input?;
+        let (r, table) = match tables.get(&v) {
+            Some(t) => {
+                chain.extend(t.chain.iter().filter(|c| !chain.contains(c)).cloned().collect::<Vec<_>>());
+                (t.root, t.table.clone())
+            }
+            None => {
+                let dtype = ctx.dtype(v).or_else(|| type_of.and_then(|t| n.input(t)).and_then(|t| ctx.dtype(t)))?;
+                (v, byte_values(dtype)?)
+            }
+        };
+        if root.is_some_and(|x| x != r) || ctx.shape(r).is_some_and(|s| s.iter().product::<usize>() == 1) {
+            return None;
+        }
+        root = Some(r);
+        inputs.push(Some(table));
+    }
+    let table = run_node(ctx, id, &inputs, |i| constant[i])?;
+    chain.push(n.display_name(id));
+    (table.shape() == [256]).then_some(Tabulated { root: root?, table, chain })
+}
+
+/// The 256 values of an 8-bit type in the order of their bytes.
+fn byte_values(dtype: DType) -> Option<Tensor> {
+    match dtype {
+        DType::U8 => Tensor::from_vec(&[256], (0..=255u8).collect()).ok(),
+        DType::I8 => Tensor::from_vec(&[256], (0..=255u8).map(|b| b as i8).collect()).ok(),
+        _ => None,
+    }
 }
 
 /// Removes `DequantizeLinear -> QuantizeLinear` pairs whose per-tensor qparams are equal: the

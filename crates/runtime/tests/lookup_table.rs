@@ -150,3 +150,112 @@ fn lookup_table_refuses_bad_tables_and_inputs() {
     let err = Session::new(&m).err().expect("a 255-entry table is refused").to_string();
     assert!(err.contains("256 elements"), "{err}");
 }
+
+/// `x -> hardswish as ONNX exporters decompose it -> y` in QDQ form, every intermediate
+/// quantized with its own random per-tensor qparams:
+/// `q(q(x * q(clip(q(x + 3), 0, 6))) * (1/6))`, plus a residual `q(y + x)` that reads `x` and
+/// the chain. Every quantized value is a graph output: ONNX Runtime then fuses each unit into
+/// its integer kernel, as qforge's lowering does before composing the chain (with the
+/// intermediates internal, its optimizer rewrites the int8 chain otherwise and the output can
+/// differ by one step).
+fn hardswish_chain(d: DType, x: Tensor, rng: &mut Rng) -> Model {
+    let (lo, hi) = range(d);
+    let mut g = Graph::new("g");
+    let dims: Vec<i64> = x.shape().iter().map(|&v| v as i64).collect();
+    let xv = g.add_input("x", Some(ValueType::tensor_of(d, &dims))).unwrap();
+    let mut params = 0;
+    let mut qparams = |g: &mut Graph, rng: &mut Rng, scale: f32| {
+        params += 1;
+        let s = g.add_initializer(format!("s{params}"), Tensor::scalar(scale * rng.pick(&[0.9f32, 1.0, 1.13]))).unwrap();
+        let z = g.add_initializer(format!("z{params}"), q8(d, &[], &[rng.int(lo / 4 + hi / 4, hi / 2)])).unwrap();
+        (s, z)
+    };
+    let (xs, xz) = qparams(&mut g, rng, 0.05);
+    let (lo_c, hi_c) = (g.add_initializer("zero", Tensor::scalar(0f32)).unwrap(), g.add_initializer("six", Tensor::scalar(6f32)).unwrap());
+    let qdq = |g: &mut Graph, v: ValueId, p: (ValueId, ValueId), k: &mut usize| {
+        *k += 1;
+        let q = g.new_value(format!("q{k}"), None).unwrap();
+        let mut qn = Node::new("QuantizeLinear", format!("Q_{k}")).with_outputs(vec![q]);
+        qn.inputs = vec![Some(v), Some(p.0), Some(p.1)];
+        g.add_node(qn).unwrap();
+        let f = g.new_value(format!("f{k}"), None).unwrap();
+        let mut dn = Node::new("DequantizeLinear", format!("DQ_{k}")).with_outputs(vec![f]);
+        dn.inputs = vec![Some(q), Some(p.0), Some(p.1)];
+        g.add_node(dn).unwrap();
+        (q, f)
+    };
+    let plain = |g: &mut Graph, op: &str, inputs: Vec<ValueId>, k: &mut usize| {
+        *k += 1;
+        let out = g.new_value(format!("p{k}"), None).unwrap();
+        let mut nd = Node::new(op, format!("{op}_p{k}")).with_outputs(vec![out]);
+        nd.inputs = inputs.into_iter().map(Some).collect();
+        g.add_node(nd).unwrap();
+        out
+    };
+    // Constants quantized as quantizers write them: 100 steps of 0.03 and of 1/600.
+    let constant = |g: &mut Graph, name: &str, scale: f32, k: &mut usize| {
+        let q = g.add_initializer(format!("{name}_q"), q8(d, &[1], &[100])).unwrap();
+        let s = g.add_initializer(format!("{name}_s"), Tensor::scalar(scale)).unwrap();
+        let z = g.add_initializer(format!("{name}_z"), q8(d, &[], &[0])).unwrap();
+        plain(g, "DequantizeLinear", vec![q, s, z], k)
+    };
+    let mut k = 0;
+    let xf = plain(&mut g, "DequantizeLinear", vec![xv, xs, xz], &mut k);
+    let three = constant(&mut g, "three", 0.03, &mut k);
+    let sixth = constant(&mut g, "sixth", 1.0 / 600.0, &mut k);
+    let p1 = qparams(&mut g, rng, 0.06);
+    let a = plain(&mut g, "Add", vec![xf, three], &mut k);
+    let (a_q, af) = qdq(&mut g, a, p1, &mut k);
+    let p2 = qparams(&mut g, rng, 0.03);
+    let c = plain(&mut g, "Clip", vec![af, lo_c, hi_c], &mut k);
+    let (c_q, cf) = qdq(&mut g, c, p2, &mut k);
+    let p3 = qparams(&mut g, rng, 0.2);
+    let m = plain(&mut g, "Mul", vec![xf, cf], &mut k);
+    let (m_q, mf) = qdq(&mut g, m, p3, &mut k);
+    let p4 = qparams(&mut g, rng, 0.04);
+    let s = plain(&mut g, "Mul", vec![mf, sixth], &mut k);
+    let (y, yf) = qdq(&mut g, s, p4, &mut k);
+    let p5 = qparams(&mut g, rng, 0.08);
+    let r = plain(&mut g, "Add", vec![yf, xf], &mut k);
+    let (res, _) = qdq(&mut g, r, p5, &mut k);
+    g.set_outputs(vec![a_q, c_q, m_q, y, res]).unwrap();
+    Model { ir_version: 10, opset_imports: vec![OpsetImport { domain: String::new(), version: 21 }], graph: g, ..Default::default() }
+}
+
+#[test]
+fn chains_of_elementwise_integer_ops_over_one_value_compose_into_one_table_like_onnx_runtime() {
+    let dir = TempDir::new("lut-chain");
+    let mut total = 0;
+    for d in [DType::U8, DType::I8] {
+        let (lo, hi) = range(d);
+        for seed in 0..6u64 {
+            let mut rng = Rng::new(77 + seed);
+            let big = seed >= 4;
+            let x = if big {
+                q8(d, &[1, 3, 301, 337], &(0..3 * 301 * 337).map(|_| rng.int(lo, hi)).collect::<Vec<_>>())
+            } else {
+                q8(d, &[2, 128], &(lo..=hi).collect::<Vec<_>>())
+            };
+            let m = hardswish_chain(d, x.clone(), &mut rng);
+            let feeds = vec![("x".to_string(), x)];
+            let what = format!("{d} seed {seed}");
+            let s = Session::with_options(&m, SessionOptions { threads: if big { 2 } else { 1 } }).unwrap();
+            let log = s.qdq_lowering().unwrap();
+            let chain = ["Add_p4", "Clip_p6", "Mul_p8", "Mul_p10"];
+            assert!(log.composed.iter().any(|c| chain.iter().all(|n| c.chain.iter().any(|x| x == n))), "{what}: the hardswish composes into one table: {log:?}");
+            let ours = s.run(feeds.clone()).unwrap();
+            let path = dir.path().join("m.onnx");
+            qforge_onnx::save(&m, &path).unwrap();
+            let ort = ort_run(&path, &feeds, 1);
+            for (o, r) in ours.iter().zip(&ort) {
+                let (a, b) = (o.1.to_i64_vec().unwrap(), r.1.to_i64_vec().unwrap());
+                assert_eq!(a.len(), b.len(), "{what}: {}", o.0);
+                for i in 0..a.len() {
+                    assert_eq!(a[i], b[i], "{what}: output {} element {i} (x = {})", o.0, feeds[0].1.to_i64_vec().unwrap()[i]);
+                }
+                total += a.len();
+            }
+        }
+    }
+    println!("{total} elements bit-identical");
+}
