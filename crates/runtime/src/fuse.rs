@@ -142,7 +142,6 @@ impl Plan {
             by_name: self.by_name.clone(),
             names: self.names.clone(),
             value_ids: self.value_ids.clone(),
-            pool_bound: self.pool_bound,
         })
     }
 }

@@ -105,9 +105,6 @@ struct Entry {
 #[derive(Default)]
 pub struct Registry {
     ops: HashMap<(String, String), Vec<Entry>>,
-    /// Ops whose kernels split work on rayon's current pool themselves, not through
-    /// [`crate::kernels::util::par_chunks_mut`] and its siblings.
-    pool_bound: std::collections::HashSet<(String, String)>,
 }
 
 fn norm_domain(d: &str) -> &str {
@@ -129,23 +126,6 @@ impl Registry {
     /// Whether any opset of the op is supported.
     pub fn knows(&self, domain: &str, op_type: &str) -> bool {
         self.ops.contains_key(&(norm_domain(domain).to_string(), op_type.to_string()))
-    }
-
-    /// Runs `register`, marking every op it adds as splitting its work on rayon's current
-    /// pool itself (see [`Registry::pool_bound`]).
-    pub(crate) fn add_pool_bound(&mut self, register: fn(&mut Registry)) {
-        let before: std::collections::HashSet<(String, String)> = self.ops.keys().cloned().collect();
-        register(self);
-        let added: Vec<(String, String)> = self.ops.keys().filter(|k| !before.contains(*k)).cloned().collect();
-        self.pool_bound.extend(added);
-    }
-
-    /// Whether the op's kernel splits its work on rayon's current pool itself rather than
-    /// through [`crate::kernels::util::par_chunks_mut`] and its siblings, so it must run
-    /// inside a pool to keep to the pool's threads (a session hands runs of graphs holding
-    /// such ops to its pool even with one thread).
-    pub(crate) fn pool_bound(&self, domain: &str, op_type: &str) -> bool {
-        self.pool_bound.contains(&(norm_domain(domain).to_string(), op_type.to_string()))
     }
 
     /// All registered (domain, op type) pairs, sorted.

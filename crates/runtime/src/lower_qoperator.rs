@@ -1203,10 +1203,13 @@ fn run_node(ctx: &Ctx, id: NodeId, inputs: &[Option<Tensor>], constant: impl Fn(
     kernel.run(&ins, &crate::RunCtx { scope: &no_scope, hooks: None }).ok()?.into_iter().next()
 }
 
+/// The data inputs of an elementwise op, each with the position of an input of its type.
+type DataInputs = &'static [(usize, Option<usize>)];
+
 /// Integer ops of the lowered graph computed element by element, with their data inputs,
 /// each with the position of the zero point of its type; the other inputs are per-tensor
 /// parameters.
-const ELEMENTWISE_INTEGER: &[(&str, &str, &[(usize, Option<usize>)])] = &[
+const ELEMENTWISE_INTEGER: &[(&str, &str, DataInputs)] = &[
     (MS_DOMAIN, "QLinearAdd", &[(0, Some(2)), (3, Some(5))]),
     (MS_DOMAIN, "QLinearMul", &[(0, Some(2)), (3, Some(5))]),
     (MS_DOMAIN, "QLinearSigmoid", &[(0, Some(2))]),
@@ -1220,7 +1223,7 @@ const ELEMENTWISE_INTEGER: &[(&str, &str, &[(usize, Option<usize>)])] = &[
 /// position of its data inputs (with scalar constants broadcast), each with the position of
 /// an input of its type when there is one: the ops of [`ELEMENTWISE_INTEGER`], the pointwise
 /// default-domain ops (`Clip` bounds have the input's type) and `Add`/`Sub`/`Mul`/`Div`.
-fn elementwise_inputs(n: &Node) -> Option<&'static [(usize, Option<usize>)]> {
+fn elementwise_inputs(n: &Node) -> Option<DataInputs> {
     let default = n.domain.is_empty() || n.domain == "ai.onnx";
     if let Some(&(_, _, data)) = ELEMENTWISE_INTEGER.iter().find(|(d, op, _)| n.op_type == *op && (n.domain == *d || (d.is_empty() && default))) {
         return Some(data);

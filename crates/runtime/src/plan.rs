@@ -78,9 +78,6 @@ pub struct Plan {
     pub(crate) by_name: HashMap<String, usize>,
     pub(crate) names: Vec<String>,
     pub(crate) value_ids: Vec<ValueId>,
-    /// Whether an op of the graph or of a subgraph splits its work on rayon's current pool
-    /// itself ([`Registry::pool_bound`]), so runs must be inside a pool.
-    pub(crate) pool_bound: bool,
 }
 
 /// The version of `domain` the model imports (`""` and `"ai.onnx"` are one domain); the
@@ -192,8 +189,7 @@ impl Plan {
             names[id.0 as usize] = v.name.clone();
             by_name.insert(v.name.clone(), id.0 as usize);
         }
-        let pool_bound = g.graphs().iter().any(|(_, sub)| sub.nodes().any(|(_, n)| registry.pool_bound(&n.domain, &n.op_type)));
-        Ok(Plan { graph: g.name.clone(), slots, constants, inputs, outers, steps, outputs, by_name, names, value_ids, pool_bound })
+        Ok(Plan { graph: g.name.clone(), slots, constants, inputs, outers, steps, outputs, by_name, names, value_ids })
     }
 
     /// Runs the plan. `feeds[i]` is graph input `i` (`None`: use its default initializer).

@@ -148,7 +148,7 @@ impl Session {
     /// [`Session::run_from`] (memory holds all of them, not only the live ones).
     pub fn run_keeping(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<(String, Tensor)>, RunValues)> {
         let feeds = self.feeds(inputs)?;
-        let (outs, table) = self.enter(&self.plan, || self.plan.run_keeping(feeds, hooks))?;
+        let (outs, table) = self.enter(|| self.plan.run_keeping(feeds, hooks))?;
         Ok((self.named(outs), RunValues { table }))
     }
 
@@ -160,7 +160,7 @@ impl Session {
     /// `base`'s run everywhere else.
     pub fn run_from(&self, base: &RunValues, dirty: &[NodeId], hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Tensor)>> {
         let dirty: HashSet<NodeId> = dirty.iter().copied().collect();
-        let outs = self.enter(&self.plan, || self.plan.run_from(&base.table, &dirty, hooks))?;
+        let outs = self.enter(|| self.plan.run_from(&base.table, &dirty, hooks))?;
         Ok(self.named(outs))
     }
 
@@ -190,17 +190,17 @@ impl Session {
             (None, Some(fused)) => fused,
             _ => &self.plan,
         };
-        let outs = self.enter(plan, || plan.run_profiled(feeds, &no_scope, hooks, profile))?;
+        let outs = self.enter(|| plan.run_profiled(feeds, &no_scope, hooks, profile))?;
         Ok(self.named(outs))
     }
 
-    /// Runs `f`, a run of `plan`, on the session's threads: on the calling thread as a
-    /// one-thread run ([`single_threaded`]) when the session has one thread and no op of the
-    /// plan splits its work on rayon's pool itself ([`Plan::pool_bound`]), which spares
-    /// handing the run to a worker and waking the caller when it ends; else on the
-    /// session's pool.
-    fn enter<R: Send>(&self, plan: &Plan, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads() == 1 && !plan.pool_bound { single_threaded(f) } else { self.pool.install(f) }
+    /// Runs `f`, a run of a plan, on the session's threads: on the calling thread as a
+    /// one-thread run ([`single_threaded`]) when the session has one thread, which spares
+    /// handing the run to a worker and waking the caller when it ends (kernels split their
+    /// work through [`crate::kernels::util::threads`] and its helpers, which see one thread
+    /// there); else on the session's pool.
+    fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.threads() == 1 { single_threaded(f) } else { self.pool.install(f) }
     }
 }
 

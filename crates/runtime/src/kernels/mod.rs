@@ -19,8 +19,7 @@ mod rnn;
 mod shape;
 pub(crate) mod util;
 
-/// Registers every built-in kernel, marking those that split their work on rayon's current
-/// pool themselves rather than through [`util::par_chunks_mut`] and its siblings.
+/// Registers every built-in kernel.
 pub fn register_all(r: &mut crate::Registry) {
     control::register(r);
     conv::register(r);
@@ -28,8 +27,8 @@ pub fn register_all(r: &mut crate::Registry) {
     matmul::register(r);
     norm::register(r);
     pool::register(r);
-    r.add_pool_bound(qlinear::register);
-    r.add_pool_bound(qlinear_ms::register);
+    qlinear::register(r);
+    qlinear_ms::register(r);
     quantize::register(r);
     reduce::register(r);
     resize::register(r);

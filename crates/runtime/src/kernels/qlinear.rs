@@ -30,10 +30,9 @@
 use std::sync::Arc;
 
 use qforge_ir::{DType, Tensor, MS_DOMAIN};
-use rayon::prelude::*;
 
 use super::conv::{Axis, Window};
-use super::util::{broadcast_shape, input, opt_input, tensor, vectorized_wide};
+use super::util::{broadcast_shape, input, opt_input, par_chunks_mut, par_steps, tensor, threads, vectorized_wide};
 use crate::qgemm::{self, gemm, gemm_i32, ASource, Block, FillRows, Gemm, Int8, Isa, Out8, PackedB, Scale, SharedOut, ZeroPoints};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 
@@ -397,9 +396,9 @@ impl Kernel for QMatMul {
             if d.folds() {
                 product(0, d.pairs.len(), 0, true);
             } else {
-                let small = m * n * k < 1 << 18 && d.pairs.len() >= 2 * rayon::current_num_threads();
+                let small = m * n * k < 1 << 18 && d.pairs.len() >= 2 * threads();
                 if small {
-                    (0..d.pairs.len()).into_par_iter().for_each(|i| product(i, 1, d.pairs[i].1, false));
+                    par_steps(d.pairs.len(), 1, 1, || (), |_, i| product(i, 1, d.pairs[i].1, false));
                 } else {
                     (0..d.pairs.len()).for_each(|i| product(i, 1, d.pairs[i].1, true));
                 }
@@ -1220,7 +1219,7 @@ fn depthwise_nhwc(x: &[u8], c: usize, xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w
     /// Computes every output row in parallel and hands its `ow x c` sums to `finish` with the
     /// row's channels-last output.
     fn rows<T: Copy + Default + Send + Sync>(dw: &DepthwiseRows, ow: usize, c: usize, out: &mut [T], finish: impl Fn(&[i32], &mut [T]) + Sync) {
-        out.par_chunks_mut(ow * c).enumerate().for_each_init(Vec::new, |acc: &mut Vec<i32>, (oy, dst)| {
+        par_chunks_mut(out, ow * c, 1, Vec::new, |acc: &mut Vec<i32>, oy, dst| {
             acc.clear();
             acc.resize(ow * c, 0);
             dw.row(oy, acc);

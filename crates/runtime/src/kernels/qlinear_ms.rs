@@ -33,7 +33,7 @@ use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::conv::Window;
 use super::math::round_even_int;
-use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor, vectorized_wide, written};
+use super::util::{axis as norm_axis, binary, broadcast_shape, input, kernel, opt_input, tensor, threads, vectorized_wide, written};
 use std::mem::MaybeUninit;
 use crate::qgemm::Out8;
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST, LOOKUP_TABLE, RUNTIME_DOMAIN};
@@ -144,11 +144,11 @@ fn apply_table<T: Out8, O: Out8>(x: &[T], table: &[O; 256]) -> Vec<O> {
     bytemuck::allocation::cast_vec(out)
 }
 
-/// `dst[i] = table[src[i]]` over slices of equal length, split across the current rayon pool
-/// when they are large enough to be worth it.
+/// `dst[i] = table[src[i]]` over slices of equal length, split across [`threads`] when they
+/// are large enough to be worth it.
 fn lookup_all(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
     const MIN_CHUNK: usize = 1 << 17;
-    let threads = rayon::current_num_threads();
+    let threads = threads();
     if threads == 1 || src.len() < 2 * MIN_CHUNK {
         return lookup_bytes(src, table, dst);
     }
@@ -307,7 +307,7 @@ fn broadcast_fma<T: Copy + Sync, O: Copy + Default + Send + Sync>(a: &[T], ashap
 #[inline(always)]
 fn in_chunks<O: Send>(out: &mut [O], run: usize, body: impl Fn(usize, &mut [O]) + Sync) {
     const MIN_CHUNK: usize = 1 << 15;
-    let threads = rayon::current_num_threads();
+    let threads = threads();
     let n = out.len();
     if threads == 1 || n < 2 * MIN_CHUNK {
         return vectorized_wide(#[inline(always)] || body(0, out));

@@ -181,7 +181,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, plane, taps, cols };
     let blocks = plane.div_ceil(NR * PANELS);
     let o = SharedOut::new(&mut out[..m * plane]);
-    let threads = rayon::current_num_threads();
+    let threads = crate::kernels::util::threads();
     if parallel && threads > 1 && blocks > 1 && (m * k * plane) as u64 >= 1 << 18 {
         use rayon::prelude::*;
         (0..blocks).into_par_iter().for_each_init(AlignedBuf::default, |buf, b| job.block(buf, b, &o));

@@ -118,7 +118,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
         width: (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1,
         gather: std::array::from_fn(|i| ((i / 4) * wa.stride + (i % 4) * wa.dilation) as u8),
     };
-    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    let threads = if parallel { crate::kernels::util::threads() } else { 1 };
     // Whole channels per item unless there are too few channels to go round the threads.
     let bands = if threads > 1 && c < 4 * threads { (4 * threads).div_ceil(c).min(h.output) } else { 1 };
     let rows = h.output.div_ceil(bands);

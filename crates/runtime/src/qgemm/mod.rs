@@ -263,7 +263,7 @@ fn run(g: &Gemm, out: &Output, parallel: bool) {
     let nc = if n <= NC + NC / 2 { n.div_ceil(geo.nr) * geo.nr } else { NC };
     let (mt, nt) = (m.div_ceil(mc), n.div_ceil(nc));
     let plan = Plan { g, mc, nc, kc, kblocks };
-    let threads = rayon::current_num_threads();
+    let threads = crate::kernels::util::threads();
     if parallel && threads > 1 && mt * nt > 1 && (m as u64) * (n as u64) * (k as u64) >= 1 << 18 {
         use rayon::prelude::*;
         (0..mt * nt).into_par_iter().for_each_init(Scratch::default, |s, t| plan.block(s, t / nt, t % nt, out));
