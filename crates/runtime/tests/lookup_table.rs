@@ -6,19 +6,7 @@
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType};
 use qforge_runtime::{Hooks, Session, SessionOptions, ValueEvent, LOOKUP_TABLE};
-use qforge_testkit::{ort_run, Rng, TempDir};
-
-fn range(d: DType) -> (i64, i64) {
-    if d == DType::U8 { (0, 255) } else { (-128, 127) }
-}
-
-fn q8(d: DType, shape: &[usize], v: &[i64]) -> Tensor {
-    match d {
-        DType::U8 => Tensor::from_vec(shape, v.iter().map(|&x| x as u8).collect::<Vec<_>>()),
-        _ => Tensor::from_vec(shape, v.iter().map(|&x| x as i8).collect::<Vec<_>>()),
-    }
-    .unwrap()
-}
+use qforge_testkit::{int8_range as range, int8_tensor as q8, ort_run, Rng, TempDir};
 
 /// Hooks that change nothing: runs with them take the unlowered plan.
 struct Watch;

@@ -181,6 +181,21 @@ pub fn make_inputs(graph: &qforge_ir::Graph, m: &RealModel, seed: u64) -> Vec<(S
     }).collect()
 }
 
+/// The values of an 8-bit integer type: `[0, 255]` for uint8, `[-128, 127]` otherwise.
+pub fn int8_range(d: qforge_ir::DType) -> (i64, i64) {
+    if d == qforge_ir::DType::U8 { (0, 255) } else { (-128, 127) }
+}
+
+/// A uint8 (`d` = U8) or else int8 tensor of `shape` holding `v` (each value in the type's
+/// range).
+pub fn int8_tensor(d: qforge_ir::DType, shape: &[usize], v: &[i64]) -> qforge_ir::Tensor {
+    match d {
+        qforge_ir::DType::U8 => qforge_ir::Tensor::from_vec(shape, v.iter().map(|&x| x as u8).collect::<Vec<_>>()),
+        _ => qforge_ir::Tensor::from_vec(shape, v.iter().map(|&x| x as i8).collect::<Vec<_>>()),
+    }
+    .unwrap()
+}
+
 /// Runs a model in ONNX Runtime on the given inputs and returns its outputs by name.
 pub fn ort_run(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize) -> Vec<(String, qforge_ir::Tensor)> {
     ort_run_with(model, inputs, threads, true)
