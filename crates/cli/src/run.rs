@@ -128,7 +128,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
         "qdq_lowering": s.qdq_lowering().map(|l| json!({
             "lowered": l.lowered.len(),
             "lookup_tables": l.lowered.iter().filter(|u| u.into == qforge_runtime::LOOKUP_TABLE).map(|u| json!({"graph": u.graph, "node": u.node, "op": u.op})).collect::<Vec<_>>(),
-            "composed_tables": l.composed.iter().map(|c| json!({"graph": c.graph, "node": c.node, "chain": c.chain})).collect::<Vec<_>>(),
+            "composed_tables": l.composed.iter().map(|c| json!({"graph": c.graph, "node": c.node(), "chain": c.chain})).collect::<Vec<_>>(),
             "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
         })),
     });

@@ -67,11 +67,16 @@ pub struct NotLowered {
 pub struct Composed {
     /// The name of the graph holding the chain.
     pub graph: String,
-    /// The node whose output the table computes (its name, or `#id (op)`).
-    pub node: String,
-    /// The nodes of the chain, first to last, ending with `node`; those without other readers
-    /// are removed.
+    /// The nodes of the chain (names, or `#id (op)`), first to last, ending with the node
+    /// whose output the table computes; those without other readers are removed.
     pub chain: Vec<String>,
+}
+
+impl Composed {
+    /// The node whose output the table computes: the last of the chain.
+    pub fn node(&self) -> &str {
+        self.chain.last().map_or("", String::as_str)
+    }
 }
 
 /// What [`lower_qoperator`] did.
@@ -1262,7 +1267,7 @@ fn compose_lookups(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64,
             b.done(&[id], LOOKUP_TABLE, false)
         });
         if let Some(rw) = rewrite {
-            log.composed.push(Composed { graph: g.name.clone(), node: t.chain.last().cloned().unwrap_or_default(), chain: t.chain.clone() });
+            log.composed.push(Composed { graph: g.name.clone(), chain: t.chain.clone() });
             g.apply(rw.patch).map_err(|e| LowerError::Model(format!("graph '{}': {e}", g.name)))?;
         }
         tables.insert(y, t);
