@@ -182,7 +182,7 @@ fn main() {
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
         Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format, correction } => {
             quantizer.quiet = json;
-            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format, bias_correction: correction.bias_correction(), weight_search: correction.weight_range == "mse" })
+            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format, bias_correction: correction.bias_correction(), weight_search: correction.weight_range == "mse", weight_rounding: correction.weight_rounding })
         }
         Command::Sensitivity { model, calibration_data, data, mut quantizer, json, threads, limit } => {
             quantizer.quiet = json;

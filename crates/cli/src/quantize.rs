@@ -13,6 +13,7 @@ use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, B
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
 use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
 use qforge_quant::quantizer::{default_mapping, default_qconfig, ConfigQuantizer, Quantizer};
+use qforge_quant::weight_rounding::WeightRounding;
 
 use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples};
 
@@ -38,6 +39,8 @@ pub struct QuantizeArgs {
     pub bias_correction: bool,
     /// Least-squares weight scales (`--weight-range mse`).
     pub weight_search: bool,
+    /// How weights are rounded (`--weight-rounding`).
+    pub weight_rounding: WeightRounding,
 }
 
 /// The output format of `qforge quantize`.
@@ -64,12 +67,25 @@ pub struct CorrectionArgs {
     /// squared error among 100 %, 99 %, ..., 80 % of it, per channel).
     #[arg(long, default_value = "minmax", value_name = "minmax|mse", value_parser = ["minmax", "mse"])]
     pub weight_range: String,
+    /// Weight rounding: nearest (each weight to its nearest integer), or gptq (one input at a
+    /// time, moving the weights not yet rounded to make up for each rounding error, for the
+    /// least layer output error on the calibration data; reported per node).
+    #[arg(long, default_value = "nearest", value_name = "nearest|gptq", value_parser = parse_rounding)]
+    pub weight_rounding: WeightRounding,
 }
 
 impl CorrectionArgs {
     /// Whether bias correction runs.
     pub fn bias_correction(&self) -> bool {
         self.bias_correction && !self.no_bias_correction
+    }
+}
+
+fn parse_rounding(s: &str) -> Result<WeightRounding, String> {
+    match s {
+        "nearest" => Ok(WeightRounding::Nearest),
+        "gptq" => Ok(WeightRounding::Gptq),
+        _ => Err(format!("'{s}' is not a weight rounding: use nearest or gptq")),
     }
 }
 
@@ -205,7 +221,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     qforge_onnx::fold_constant_nodes(&mut model);
     let quantizer = quantizer(&args.quantizer)?;
     let calib = CalibrationSet::open(&args.calibration_data, &model_inputs(&model))?;
-    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search };
+    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding };
     let samples = CalibrationSamples(calib);
     let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {

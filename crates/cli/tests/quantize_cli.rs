@@ -125,7 +125,7 @@ fn bad_calibration_data_and_arguments_are_clear_errors() {
 }
 
 #[test]
-fn bias_correction_and_weight_range_search_are_off_by_default_and_reported_when_on() {
+fn bias_correction_weight_range_search_and_gptq_are_off_by_default_and_reported_when_on() {
     let m = cls();
     let tmp = TempDir::new("qcli_bc");
     let calib = tmp.path().join("calib");
@@ -144,7 +144,19 @@ fn bias_correction_and_weight_range_search_are_off_by_default_and_reported_when_
         assert!(r["bias_correction"].as_array().unwrap().is_empty(), "{flags:?}");
         assert_eq!(r["weight_range_search"], false, "{flags:?}");
         assert!(r["weight_ranges"].as_array().unwrap().is_empty(), "{flags:?}");
+        assert_eq!(r["gptq_enabled"], false, "{flags:?}");
+        assert!(r["gptq"].as_array().unwrap().is_empty(), "{flags:?}");
     }
+    let r = run(&["--weight-rounding", "gptq"]);
+    assert_eq!(r["gptq_enabled"], true);
+    let rounded = r["gptq"].as_array().unwrap();
+    assert!(rounded.len() > 10, "ocr_cls has dozens of Conv");
+    for n in rounded {
+        let (near, gptq) = (n["nearest_error"].as_f64().unwrap(), n["gptq_error"].as_f64().unwrap());
+        assert!(gptq.is_finite() && gptq <= near, "{n}");
+    }
+    let bad = qforge(&[m.path.as_os_str(), "-o".as_ref(), tmp.path().join("q.onnx").as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--weight-rounding".as_ref(), "adaround".as_ref()]);
+    assert!(!bad.status.success() && stderr(&bad).contains("'adaround' is not a weight rounding"), "{}", stderr(&bad));
     let r = run(&["--weight-range", "mse"]);
     assert_eq!(r["weight_range_search"], true);
     for w in r["weight_ranges"].as_array().unwrap() {

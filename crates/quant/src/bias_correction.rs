@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use qforge_ir::{Graph, GraphPath, Node, NodeId, Tensor, ValueId};
-use qforge_runtime::{Hooks, NodeEvent, ValueEvent};
+use qforge_runtime::ValueEvent;
 
 use crate::prepare::QuantPlan;
 use crate::spec::{Derivation, Spec};
@@ -32,19 +32,78 @@ const FRAC_BITS: i32 = 32;
 
 /// How a node reads its activation input, for the per-tap input means.
 #[derive(Debug, Clone, PartialEq)]
-enum Window {
+pub(crate) enum Window {
     /// A 1-D or 2-D convolution; 1-D is stored as 2-D with a height of 1.
-    Conv { kernel: [usize; 2], strides: [usize; 2], dilations: [usize; 2], pads: Pads, spatial: usize },
+    Conv(ConvWindow),
     /// Gemm input A (`[M, K]`, or `[K, M]` when transposed): the mean over rows.
     Gemm { trans_a: bool },
 }
 
+/// The geometry of a 1-D or 2-D convolution, 1-D stored as 2-D with a height of 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ConvWindow {
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub pads: Pads,
+    /// 1 or 2.
+    pub spatial: usize,
+}
+
 /// Conv padding: explicit `[begin_h, begin_w, end_h, end_w]`, or ONNX `auto_pad` SAME/VALID.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Pads {
+pub(crate) enum Pads {
     Explicit([usize; 4]),
     SameUpper,
     SameLower,
+}
+
+impl ConvWindow {
+    /// The geometry of Conv node `n` with weight shape `ws` (`[M, C/groups, k...]`), or why it
+    /// is not a 1-D or 2-D convolution with valid attributes.
+    pub fn of(n: &Node, ws: &[usize]) -> Result<ConvWindow, String> {
+        let spatial = ws.len().checked_sub(2).filter(|s| (1..=2).contains(s)).ok_or("only 1-D and 2-D convolutions are handled")?;
+        let kernel = ints(n, "kernel_shape", spatial, 0).filter(|k| k[..] == ws[2..]).unwrap_or_else(|| ws[2..].to_vec());
+        let strides = ints(n, "strides", spatial, 1).ok_or("bad strides")?;
+        let dilations = ints(n, "dilations", spatial, 1).ok_or("bad dilations")?;
+        let pads = match n.attr_str("auto_pad").unwrap_or("NOTSET") {
+            "SAME_UPPER" => Pads::SameUpper,
+            "SAME_LOWER" => Pads::SameLower,
+            "VALID" => Pads::Explicit([0; 4]),
+            _ => {
+                let p = ints(n, "pads", 2 * spatial, 0).ok_or("bad pads")?;
+                Pads::Explicit(if spatial == 1 { [0, p[0], 0, p[1]] } else { [p[0], p[1], p[2], p[3]] })
+            }
+        };
+        let two = |v: &[usize], fill| if spatial == 1 { [fill, v[0]] } else { [v[0], v[1]] };
+        Ok(ConvWindow { kernel: two(&kernel, 1), strides: two(&strides, 1), dilations: two(&dilations, 1), pads, spatial })
+    }
+
+    /// For an input of shape `shape` (`[N, C, (H,) W]`): the spatial size `[H, W]` (H = 1 in
+    /// 1-D), the leading pads `[top, left]` and the output size `[OH, OW]`.
+    pub fn layout(&self, shape: &[usize]) -> Result<[[usize; 2]; 3], String> {
+        if shape.len() != self.spatial + 2 {
+            return Err(format!("rank {} does not fit a {}-D convolution", shape.len(), self.spatial));
+        }
+        let size = if self.spatial == 1 { [1, shape[2]] } else { [shape[2], shape[3]] };
+        let (mut begin, mut out) = ([0; 2], [0; 2]);
+        for a in 0..2 {
+            let (n, k, s, d) = (size[a], self.kernel[a], self.strides[a].max(1), self.dilations[a].max(1));
+            let span = (k - 1) * d + 1;
+            (begin[a], out[a]) = match self.pads {
+                Pads::Explicit(p) => {
+                    let total = n + p[a] + p[a + 2];
+                    (p[a], if total >= span { (total - span) / s + 1 } else { 0 })
+                }
+                Pads::SameUpper | Pads::SameLower => {
+                    let out = n.div_ceil(s);
+                    let total = ((out.saturating_sub(1)) * s + span).saturating_sub(n);
+                    (if self.pads == Pads::SameUpper { total / 2 } else { total - total / 2 }, out)
+                }
+            };
+        }
+        Ok([size, begin, out])
+    }
 }
 
 /// The input statistics of one weighted node.
@@ -89,24 +148,11 @@ fn window_of(g: &Graph, n: &Node) -> Result<Window, String> {
     let ws = weight.shape();
     match n.op_type.as_str() {
         "Conv" => {
-            let spatial = ws.len().checked_sub(2).filter(|s| (1..=2).contains(s)).ok_or("only 1-D and 2-D convolutions are corrected")?;
+            let window = ConvWindow::of(n, ws)?;
             if bias.len() != ws[0] {
                 return Err("the bias does not have one value per output channel".into());
             }
-            let kernel = ints(n, "kernel_shape", spatial, 0).filter(|k| k[..] == ws[2..]).map_or_else(|| ws[2..].to_vec(), |k| k);
-            let strides = ints(n, "strides", spatial, 1).ok_or("bad strides")?;
-            let dilations = ints(n, "dilations", spatial, 1).ok_or("bad dilations")?;
-            let pads = match n.attr_str("auto_pad").unwrap_or("NOTSET") {
-                "SAME_UPPER" => Pads::SameUpper,
-                "SAME_LOWER" => Pads::SameLower,
-                "VALID" => Pads::Explicit([0; 4]),
-                _ => {
-                    let p = ints(n, "pads", 2 * spatial, 0).ok_or("bad pads")?;
-                    Pads::Explicit(if spatial == 1 { [0, p[0], 0, p[1]] } else { [p[0], p[1], p[2], p[3]] })
-                }
-            };
-            let two = |v: &[usize], fill| if spatial == 1 { [fill, v[0]] } else { [v[0], v[1]] };
-            Ok(Window::Conv { kernel: two(&kernel, 1), strides: two(&strides, 1), dilations: two(&dilations, 1), pads, spatial })
+            Ok(Window::Conv(window))
         }
         "Gemm" => {
             let trans_b = n.attr_int("transB").unwrap_or(0) != 0;
@@ -146,7 +192,7 @@ impl InputMeans {
                 match window_of(g, n) {
                     Ok(window) => {
                         let sums = match &window {
-                            Window::Conv { kernel, .. } => vec![0; g.value(n.input(1).expect("weighted")).ok().and_then(|v| v.initializer()).map_or(0, |w| w.shape()[1]) * kernel[0] * kernel[1]],
+                            Window::Conv(ConvWindow { kernel, .. }) => vec![0; g.value(n.input(1).expect("weighted")).ok().and_then(|v| v.initializer()).map_or(0, |w| w.shape()[1]) * kernel[0] * kernel[1]],
                             Window::Gemm { .. } => vec![],
                         };
                         me.nodes.insert((gi, id), NodeMeans { window, sums, count: 0, unusable: None });
@@ -183,7 +229,7 @@ impl InputMeans {
     }
 
     /// Streams one produced value into the nodes reading it.
-    fn observe(&mut self, event: &ValueEvent, value: &Tensor) {
+    pub(crate) fn observe(&mut self, event: &ValueEvent, value: &Tensor) {
         let Some(gi) = self.paths.iter().position(|p| p.len() == event.path.len() && p.iter().zip(event.path).all(|(a, b)| a.0 == b.0 && a.1 == b.1)) else { return };
         let Some(readers) = self.watch.get(&(gi, event.value)) else { return };
         for id in readers.clone() {
@@ -196,7 +242,7 @@ impl InputMeans {
                 continue;
             };
             let added = match &m.window {
-                Window::Conv { kernel, strides, dilations, pads, spatial } => conv_sums(data, value.shape(), *spatial, *kernel, *strides, *dilations, *pads),
+                Window::Conv(w) => conv_sums(data, value.shape(), w),
                 Window::Gemm { trans_a } => gemm_sums(data, value.shape(), *trans_a),
             };
             match added {
@@ -232,7 +278,7 @@ impl InputMeans {
         let means: Vec<f64> = m.sums.iter().map(|&s| s as f64 / f64::powi(2.0, FRAC_BITS) / m.count as f64).collect();
         let delta = |i: usize| (w[i] - w_hat[i]) as f64;
         match &m.window {
-            Window::Conv { kernel, .. } => {
+            Window::Conv(ConvWindow { kernel, .. }) => {
                 let (outs, per_group) = (w_shape[0], w_shape[1]);
                 let taps = kernel[0] * kernel[1];
                 let groups = (means.len() / taps).checked_div(per_group).filter(|&g| g > 0 && outs % g == 0).ok_or("the input channels do not match the weight")?;
@@ -256,32 +302,15 @@ impl InputMeans {
 }
 
 /// Sums of a Conv input under each tap: `[C, kh, kw]`, and the number of output positions.
-fn conv_sums(x: &[f32], shape: &[usize], spatial: usize, kernel: [usize; 2], strides: [usize; 2], dilations: [usize; 2], pads: Pads) -> Result<(Vec<f64>, u64), String> {
-    if shape.len() != spatial + 2 {
-        return Err(format!("rank {} does not fit a {spatial}-D convolution", shape.len()));
-    }
+fn conv_sums(x: &[f32], shape: &[usize], window: &ConvWindow) -> Result<(Vec<f64>, u64), String> {
+    let [size, begin, outs] = window.layout(shape)?;
+    let ConvWindow { kernel, strides, dilations, .. } = *window;
     let (batch, channels) = (shape[0], shape[1]);
-    let size = if spatial == 1 { [1, shape[2]] } else { [shape[2], shape[3]] };
-    // Per spatial axis: for each tap, the input positions it reads (in range), and the output length.
-    let mut reads: Vec<Vec<Vec<usize>>> = vec![];
-    let mut outs = [0usize; 2];
-    for a in 0..2 {
-        let (n, k, s, d) = (size[a], kernel[a], strides[a].max(1), dilations[a].max(1));
-        let span = (k - 1) * d + 1;
-        let (begin, out) = match pads {
-            Pads::Explicit(p) => {
-                let total = n + p[a] + p[a + 2];
-                (p[a], if total >= span { (total - span) / s + 1 } else { 0 })
-            }
-            Pads::SameUpper | Pads::SameLower => {
-                let out = n.div_ceil(s);
-                let total = ((out.saturating_sub(1)) * s + span).saturating_sub(n);
-                (if pads == Pads::SameUpper { total / 2 } else { total - total / 2 }, out)
-            }
-        };
-        outs[a] = out;
-        reads.push((0..k).map(|t| (0..out).filter_map(|o| (o * s + t * d).checked_sub(begin).filter(|&r| r < n)).collect()).collect());
-    }
+    // Per spatial axis, for each tap: the input positions it reads (in range).
+    let reads: Vec<Vec<Vec<usize>>> = (0..2).map(|a| {
+        let (n, s, d) = (size[a], strides[a].max(1), dilations[a].max(1));
+        (0..kernel[a]).map(|t| (0..outs[a]).filter_map(|o| (o * s + t * d).checked_sub(begin[a]).filter(|&r| r < n)).collect()).collect()
+    }).collect();
     let (h, w) = (size[0], size[1]);
     let mut sums = vec![0f64; channels * kernel[0] * kernel[1]];
     let full = |v: &[usize], n: usize| v.len() == n && v.first() == Some(&0) && v.last() == Some(&(n - 1));
@@ -352,27 +381,6 @@ fn gemm_sums(x: &[f32], shape: &[usize], trans_a: bool) -> Result<(Vec<f64>, u64
     })
 }
 
-/// Hooks that feed another hook set (calibration observers) and, when present, the input
-/// means of bias correction.
-pub struct WithInputMeans<'a, H: Hooks> {
-    pub inner: H,
-    pub means: Option<&'a mut InputMeans>,
-}
-
-impl<H: Hooks> Hooks for WithInputMeans<'_, H> {
-    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
-        let replaced = self.inner.on_value(event, value);
-        if let Some(m) = self.means.as_deref_mut() {
-            m.observe(event, replaced.as_ref().unwrap_or(value));
-        }
-        replaced
-    }
-
-    fn supply(&mut self, event: &NodeEvent) -> Option<Vec<Option<Tensor>>> {
-        self.inner.supply(event)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,7 +415,7 @@ mod tests {
         let shape = [2, 3, 7, 9];
         let x: Vec<f32> = (0..shape.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         for (k, s, d, p) in [([3, 3], [1, 1], [1, 1], [1, 1, 1, 1]), ([3, 2], [2, 3], [1, 2], [0, 2, 1, 0]), ([1, 1], [2, 2], [1, 1], [0, 0, 0, 0]), ([1, 1], [1, 1], [1, 1], [0, 0, 0, 0]), ([1, 3], [1, 1], [1, 3], [0, 0, 0, 0]), ([5, 5], [1, 2], [2, 1], [3, 0, 2, 4])] {
-            let (got, count) = conv_sums(&x, &shape, 2, k, s, d, Pads::Explicit(p)).unwrap();
+            let (got, count) = conv_sums(&x, &shape, &ConvWindow { kernel: k, strides: s, dilations: d, pads: Pads::Explicit(p), spatial: 2 }).unwrap();
             let want = conv_sums_naive(&x, shape, k, s, d, p);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-3, "kernel {k:?} strides {s:?} dilations {d:?} pads {p:?}: {a} vs {b}");
@@ -423,8 +431,9 @@ mod tests {
         let shape = [1, 2, 6, 5];
         let x: Vec<f32> = (0..60).map(|i| i as f32 * 0.5 - 7.0).collect();
         // 3x3, stride 2: out 3x3; total pad (3-1)*2+3-6 = 1 (rows: 0 begin, 1 end), (3-1)*2+3-5 = 2 (cols: 1, 1).
-        let (same, _) = conv_sums(&x, &shape, 2, [3, 3], [2, 2], [1, 1], Pads::SameUpper).unwrap();
-        let (explicit, _) = conv_sums(&x, &shape, 2, [3, 3], [2, 2], [1, 1], Pads::Explicit([0, 1, 1, 1])).unwrap();
+        let window = |pads| ConvWindow { kernel: [3, 3], strides: [2, 2], dilations: [1, 1], pads, spatial: 2 };
+        let (same, _) = conv_sums(&x, &shape, &window(Pads::SameUpper)).unwrap();
+        let (explicit, _) = conv_sums(&x, &shape, &window(Pads::Explicit([0, 1, 1, 1]))).unwrap();
         assert_eq!(same, explicit);
     }
 }

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 
 use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
-use crate::bias_correction::InputMeans;
+use crate::pipeline::InputStats;
+use crate::weight_rounding::Grid;
 use crate::observer::AxisLayout;
 use crate::prepare::{edge_value, qtype_of, resolve, Group, QuantPlan};
 use crate::qparams::quantize;
@@ -181,6 +182,10 @@ pub struct ConvertLog {
     pub bias_corrected: Vec<(String, String, Vec<f32>)>,
     /// Weighted nodes bias correction left alone: (node, op, reason).
     pub bias_uncorrected: Vec<(String, String, String)>,
+    /// Weights GPTQ rounded: (node, op, output error proxy of nearest rounding, of GPTQ's).
+    pub gptq_rounded: Vec<(String, String, f64, f64)>,
+    /// Weighted nodes GPTQ left at nearest rounding: (node, op, reason).
+    pub gptq_skipped: Vec<(String, String, String)>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -304,11 +309,14 @@ fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
 /// `contrib`, Q/DQ that would need opset 21 (16- and 4-bit types, not blocks) are written in
 /// ONNX Runtime's `com.microsoft` domain.
 ///
-/// With `means` (bias correction, [`crate::bias_correction`]), the float bias of every Conv
-/// and Gemm it watched is shifted by `E[(W − Ŵ)·x]` before it is quantized. With
-/// `weight_search`, symmetric constants take the scale of least squared error among
-/// 100 %, 99 %, ..., 80 % of their min/max scale, per slice.
-pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool, means: Option<&InputMeans>, weight_search: bool) -> Result<ConvertLog, String> {
+/// With `weight_search`, symmetric constants take the scale of least squared error among
+/// 100 %, 99 %, ..., 80 % of their min/max scale, per slice. With input second moments in
+/// `stats` ([`crate::weight_rounding`]), the weights of the nodes they watched are rounded by
+/// GPTQ on those scales. With input means (bias correction, [`crate::bias_correction`]), the
+/// float bias of every Conv and Gemm they watched is then shifted by `E[(W − Ŵ)·x]` before it
+/// is quantized.
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool, stats: &InputStats, weight_search: bool) -> Result<ConvertLog, String> {
+    let means = stats.means.as_ref();
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
     let prefix = if gi == 0 { String::new() } else { format!("{}@{gi}/", g.name) };
@@ -362,7 +370,11 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             match s {
                 Spec::Quantize(spec) => {
                     let Some((data, shape)) = const_data(g, v) else { continue };
-                    weights.insert((n, i), quantize_const(&data, &shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?);
+                    let mut c = quantize_const(&data, &shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
+                    if i == 1 {
+                        round_weight(g, gi, n, stats, &data, &mut c, spec, &mut em.log)?;
+                    }
+                    weights.insert((n, i), c);
                 }
                 Spec::Derived { from, how: Derivation::BiasScale } => biases.push((n, i, from.clone())),
                 _ => {}
@@ -416,6 +428,10 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                 _ => continue,
             };
             *w = quantize_const(&data, &shape, &spec, Some(&scales), false)?;
+            if wi == 1 {
+                em.log.gptq_rounded.retain(|r| r.0 != g.node(wn).map(|x| x.display_name(wn)).unwrap_or_default());
+                round_weight(g, gi, wn, stats, &data, w, &spec, &mut em.log)?;
+            }
             em.log.bias_adjusted.push((g.value_name(wv), changed));
             if correction.is_some() {
                 correction = shift(w);
@@ -461,9 +477,38 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             em.log.bias_uncorrected.push((node.display_name(*id), node.op_type.clone(), why.clone()));
         }
     }
+    if let Some(grams) = &stats.grams {
+        for (_, id, why) in grams.skipped.iter().filter(|s| s.0 == gi) {
+            let node = g.node(*id).map_err(|e| e.to_string())?;
+            em.log.gptq_skipped.push((node.display_name(*id), node.op_type.clone(), why.clone()));
+        }
+    }
     let Emitter { patch, log, .. } = em;
     g.apply(patch).map_err(|e| e.to_string())?;
     Ok(log)
+}
+
+/// With input second moments in `stats`, replaces the integers of `c` (the quantized weight
+/// `data` of node `n`, input 1) by GPTQ's rounding on the same qparams and logs the output
+/// error proxies, or logs why the node keeps nearest rounding. Nothing to do without them.
+#[allow(clippy::too_many_arguments)]
+fn round_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, data: &[f32], c: &mut QuantizedConst, spec: &QuantizationSpec, log: &mut ConvertLog) -> Result<(), String> {
+    let Some(grams) = &stats.grams else { return Ok(()) };
+    let node = g.node(n).map_err(|e| e.to_string())?;
+    if grams.skipped.iter().any(|s| s.0 == gi && s.1 == n) {
+        return Ok(());
+    }
+    let (index, _) = param_index(&c.shape, granularity_of(c))?;
+    let params = &c.params;
+    let grid = Grid { param: Box::new(|e: usize| (params[index[e]].scale, params[index[e]].zero_point)), range: spec.scheme.qrange() };
+    match grams.round(gi, n, node, data, &c.shape, &grid) {
+        Ok(r) => {
+            c.values = r.values;
+            log.gptq_rounded.push((node.display_name(n), node.op_type.clone(), r.nearest_error, r.rounded_error));
+        }
+        Err(why) => log.gptq_skipped.push((node.display_name(n), node.op_type.clone(), why)),
+    }
+    Ok(())
 }
 
 fn granularity_of(c: &QuantizedConst) -> Granularity {

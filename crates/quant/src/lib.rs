@@ -12,6 +12,8 @@
 //!   [`report`]: what was done.
 //! * [`bias_correction`]: per-channel bias correction of weight rounding, from input means
 //!   measured during calibration.
+//! * [`weight_rounding`]: GPTQ rounding of weights, from input second moments measured
+//!   during calibration.
 //! * [`passes`]: graph passes (one file each).
 //! * [`htp`]: the HTP quantizer (rule registry, precisions, SoC generations as data).
 //! * [`compare`]: per-tensor error of a quantized model against its float original.
@@ -36,5 +38,6 @@ pub mod quantizer;
 pub mod report;
 pub mod sensitivity;
 pub mod spec;
+pub mod weight_rounding;
 
 pub use qparams::{Convention, QParams, QScheme, QType};

@@ -5,15 +5,16 @@
 use std::time::Instant;
 
 use qforge_ir::{Model, Tensor};
-use qforge_runtime::{Session, SessionOptions};
+use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, ValueEvent};
 
 use crate::annotation::FloatKind;
-use crate::bias_correction::{InputMeans, WithInputMeans};
+use crate::bias_correction::InputMeans;
 use crate::convert::{convert_graph, group_qparams, ConvertLog};
 use crate::passes::{fold_affine, fold_constant_scales, fold_constants};
 use crate::prepare::QuantPlan;
 use crate::quantizer::Quantizer;
 use crate::report::{NodeRecord, Report, ViolationRecord};
+use crate::weight_rounding::{InputGrams, WeightRounding};
 
 /// The form of the quantized model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,6 +127,8 @@ pub struct QuantizeOptions {
     /// Choose each symmetric weight slice's scale by least squared error over 80-100 % of its
     /// min/max scale instead of min/max.
     pub weight_search: bool,
+    /// How weights are rounded to their grid ([`crate::weight_rounding`]).
+    pub weight_rounding: WeightRounding,
 }
 
 /// Errors of the pipeline, each naming the stage and what it concerns.
@@ -214,10 +217,13 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
     let calib_started = Instant::now();
     let workers = if plan.mergeable() && opts.threads != 1 { CALIBRATION_WORKERS.min(samples.len()) } else { 1 };
-    let mut means = opts.bias_correction.then(|| InputMeans::new(&m.graph, &plan));
-    calibrate_samples(&session, &mut plan, means.as_mut(), samples, workers, progress)?;
+    let mut stats = InputStats {
+        means: opts.bias_correction.then(|| InputMeans::new(&m.graph, &plan)),
+        grams: (opts.weight_rounding == WeightRounding::Gptq).then(|| InputGrams::new(&m.graph, &plan, samples.len())),
+    };
+    calibrate_samples(&session, &mut plan, &mut stats, samples, workers, progress)?;
     report.calibration_seconds = calib_started.elapsed().as_secs_f64();
-    Ok(Calibrated { model: m, plan, means, report, graph_names, started, max_opset: opts.max_opset, weight_search: opts.weight_search })
+    Ok(Calibrated { model: m, plan, stats, report, graph_names, started, max_opset: opts.max_opset, weight_search: opts.weight_search })
 }
 
 /// Samples in flight at once during calibration. Two runs share the session's thread pool,
@@ -229,36 +235,38 @@ const CALIBRATION_WORKERS: usize = 2;
 /// each worker calibrates its own copy of the plan on the samples it takes, and the copies are
 /// merged in worker order; merges are exact, so the result equals one sequential pass. The
 /// error reported is that of the first failing sample.
-/// `means`, when given, collects the input means of bias correction in the same runs.
-fn calibrate_samples(session: &Session, plan: &mut QuantPlan, mut means: Option<&mut InputMeans>, samples: &dyn SampleSource, workers: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
+/// `stats` collects the input statistics of weight quantization in the same runs.
+fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, workers: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
     let n = samples.len();
-    let run_one = |plan: &mut QuantPlan, means: Option<&mut InputMeans>, i: usize| -> Result<(), QuantizeError> {
+    let run_one = |plan: &mut QuantPlan, stats: &mut InputStats, i: usize| -> Result<(), QuantizeError> {
         let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
-        let mut hooks = WithInputMeans { inner: plan.calibrator(), means };
+        let mut hooks = WithInputStats { inner: plan.calibrator(), stats };
         session.run_with_hooks(feed, &mut hooks).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
     };
     if workers <= 1 {
         for i in 0..n {
-            run_one(plan, means.as_deref_mut(), i)?;
+            run_one(plan, stats, i)?;
             progress(i + 1, n);
         }
         return Ok(());
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (finished, finished_rx) = std::sync::mpsc::channel::<()>();
-    let mut results: Vec<(QuantPlan, Option<InputMeans>, Option<(usize, QuantizeError)>)> = std::thread::scope(|s| {
+    // Per worker: its plan and statistics, and the first sample it failed on.
+    type Outcome = (QuantPlan, InputStats, Option<(usize, QuantizeError)>);
+    let mut results: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers).map(|_| {
             let mut local = plan.clone();
-            let mut local_means = means.as_deref().cloned();
+            let mut local_stats = stats.clone();
             let (next, run_one, finished) = (&next, &run_one, finished.clone());
             s.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= n {
-                    return (local, local_means, None);
+                    return (local, local_stats, None);
                 }
-                if let Err(e) = run_one(&mut local, local_means.as_mut(), i) {
+                if let Err(e) = run_one(&mut local, &mut local_stats, i) {
                     next.store(n, std::sync::atomic::Ordering::Relaxed);
-                    return (local, local_means, Some((i, e)));
+                    return (local, local_stats, Some((i, e)));
                 }
                 let _ = finished.send(());
             })
@@ -273,13 +281,57 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, mut means: Option<
     if let Some((_, e)) = results.iter_mut().filter_map(|(_, _, e)| e.take()).min_by_key(|(i, _)| *i) {
         return Err(e);
     }
-    for (local, local_means, _) in &results {
+    for (local, local_stats, _) in &results {
         plan.merge_observations(local).map_err(stage("calibrate"))?;
-        if let (Some(m), Some(l)) = (means.as_deref_mut(), local_means) {
-            m.merge(l);
-        }
+        stats.merge(local_stats);
     }
     Ok(())
+}
+
+/// The input statistics that weight quantization asked for, collected during calibration.
+#[derive(Debug, Clone, Default)]
+pub struct InputStats {
+    /// The input means of bias correction ([`crate::bias_correction`]).
+    pub means: Option<InputMeans>,
+    /// The input second moments of GPTQ rounding ([`crate::weight_rounding`]).
+    pub grams: Option<InputGrams>,
+}
+
+impl InputStats {
+    /// Adds the statistics of `other`, collected on other samples from a clone of the same
+    /// empty state. Exact, so the order of merges does not matter.
+    fn merge(&mut self, other: &InputStats) {
+        if let (Some(m), Some(o)) = (&mut self.means, &other.means) {
+            m.merge(o);
+        }
+        if let (Some(g), Some(o)) = (&mut self.grams, &other.grams) {
+            g.merge(o);
+        }
+    }
+}
+
+/// Hooks that feed another hook set (calibration observers) and the input statistics.
+struct WithInputStats<'a, H: Hooks> {
+    inner: H,
+    stats: &'a mut InputStats,
+}
+
+impl<H: Hooks> Hooks for WithInputStats<'_, H> {
+    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
+        let replaced = self.inner.on_value(event, value);
+        let seen = replaced.as_ref().unwrap_or(value);
+        if let Some(m) = &mut self.stats.means {
+            m.observe(event, seen);
+        }
+        if let Some(g) = &mut self.stats.grams {
+            g.observe(event, seen);
+        }
+        replaced
+    }
+
+    fn supply(&mut self, event: &NodeEvent) -> Option<Vec<Option<Tensor>>> {
+        self.inner.supply(event)
+    }
 }
 
 /// A model fused, annotated and calibrated, ready to convert: the fused float model (shape
@@ -288,8 +340,8 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, mut means: Option<
 pub struct Calibrated {
     pub model: Model,
     pub plan: QuantPlan,
-    /// The input means of bias correction, when it was asked for.
-    pub means: Option<InputMeans>,
+    /// The input statistics weight quantization asked for.
+    pub stats: InputStats,
     pub report: Report,
     graph_names: Vec<String>,
     started: Instant,
@@ -314,14 +366,14 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 /// [`convert`], also returning what convert did in each graph of the plan
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
-    let Calibrated { model: mut m, plan, means, mut report, graph_names, started, max_opset, weight_search } = c;
+    let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, weight_search } = c;
     let params: Vec<_> = plan.groups.iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
     let mut need = opset_before;
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
     for gi in (0..plan.graphs.len()).rev() {
         let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
-        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21), means.as_ref(), weight_search).map_err(stage("convert"))?;
+        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21), &stats, weight_search).map_err(stage("convert"))?;
         g.remove_dead_nodes();
         need = need.max(log.min_opset);
         report.add_log(&graph_names[gi], &plan, &log);
@@ -337,7 +389,8 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     if need > opset_before {
         crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;
     }
-    report.bias_correction_enabled = means.is_some();
+    report.bias_correction_enabled = stats.means.is_some();
+    report.gptq_enabled = stats.grams.is_some();
     report.weight_range_search = weight_search;
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();

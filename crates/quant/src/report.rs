@@ -118,6 +118,12 @@ pub struct Report {
     pub bias_correction: Vec<BiasCorrectionRecord>,
     /// Weighted nodes bias correction left alone: (graph, node, op, reason).
     pub bias_uncorrected: Vec<(String, String, String, String)>,
+    /// Whether weights were rounded by GPTQ ([`crate::weight_rounding`]).
+    pub gptq_enabled: bool,
+    /// GPTQ rounding, node by node, with its output error proxy against nearest rounding.
+    pub gptq: Vec<GptqRecord>,
+    /// Weighted nodes GPTQ left at nearest rounding: (graph, node, op, reason).
+    pub gptq_skipped: Vec<(String, String, String, String)>,
     /// Annotated nodes that break the target's rules.
     pub violations: Vec<ViolationRecord>,
     /// What an accuracy budget returned to float, decision by decision.
@@ -149,6 +155,18 @@ pub struct BiasCorrectionRecord {
     pub max_abs_shift: f32,
     /// The float value added to the bias of each output channel.
     pub shift: Vec<f32>,
+}
+
+/// The GPTQ rounding of one weight: the output error proxy `Σ (w − ŵ)ᵀ H (w − ŵ)` over its
+/// outputs (`H`: the second moments of its input on the calibration data) with nearest
+/// rounding and with GPTQ's.
+#[derive(Debug, Clone, Serialize)]
+pub struct GptqRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    pub nearest_error: f64,
+    pub gptq_error: f64,
 }
 
 /// One QDQ unit rewritten into integer operators.
@@ -258,6 +276,8 @@ impl Report {
             shift: shift.clone(),
         }));
         self.bias_uncorrected.extend(log.bias_uncorrected.iter().map(|(n, op, why)| (graph.to_string(), n.clone(), op.clone(), why.clone())));
+        self.gptq.extend(log.gptq_rounded.iter().map(|(node, op, nearest, rounded)| GptqRecord { graph: graph.to_string(), node: node.clone(), op: op.clone(), nearest_error: *nearest, gptq_error: *rounded }));
+        self.gptq_skipped.extend(log.gptq_skipped.iter().map(|(n, op, why)| (graph.to_string(), n.clone(), op.clone(), why.clone())));
     }
 
     /// A summary for people: counts, float nodes grouped by op and reason, warnings.
@@ -291,6 +311,19 @@ impl Report {
         }
         if self.bias_correction_enabled {
             let _ = writeln!(s, "bias correction: {} node(s) corrected, {} left alone", self.bias_correction.len(), self.bias_uncorrected.len());
+        }
+        if self.gptq_enabled {
+            let mut ratios: Vec<f64> = self.gptq.iter().filter(|r| r.nearest_error > 0.0).map(|r| r.gptq_error / r.nearest_error).collect();
+            ratios.sort_by(f64::total_cmp);
+            let median = ratios.get(ratios.len() / 2).map_or(String::new(), |m| format!("; output error proxy {:.0} % of nearest rounding's (median)", 100.0 * m));
+            let _ = writeln!(s, "gptq rounding: {} weight(s) rounded{median}, {} left at nearest", self.gptq.len(), self.gptq_skipped.len());
+            let mut why: BTreeMap<(String, String), usize> = BTreeMap::new();
+            for (_, _, op, reason) in &self.gptq_skipped {
+                *why.entry((op.clone(), reason.clone())).or_default() += 1;
+            }
+            for ((op, reason), count) in why {
+                let _ = writeln!(s, "  {count:>4} x {op}: {reason}");
+            }
         }
         let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
         if nonfinite > 0 {

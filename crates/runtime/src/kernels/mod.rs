@@ -5,7 +5,7 @@ mod control;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
-mod gemm;
+pub mod gemm;
 pub(crate) mod math;
 mod matmul;
 mod norm;
