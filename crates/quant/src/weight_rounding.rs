@@ -126,7 +126,7 @@ fn reader_of(g: &Graph, n: &Node) -> Result<(Reader, usize), String> {
         }
         "MatMul" if ws.len() == 2 => (Reader::Rows { transposed: false }, ws[0]),
         "Gemm" | "MatMul" => return Err(format!("the weight has rank {}, not 2", ws.len())),
-        op => return Err(format!("GPTQ does not round {op} weights")),
+        _ => return Err("GPTQ rounds the weights of Conv, Gemm and MatMul only".into()),
     };
     if width == 0 || width > MAX_WIDTH {
         return Err(format!("each output reads {width} inputs (GPTQ rounds 1 to {MAX_WIDTH})"));
