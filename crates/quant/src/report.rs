@@ -280,6 +280,15 @@ impl Report {
         self.gptq_skipped.extend(log.gptq_skipped.iter().map(|(n, op, why)| (graph.to_string(), n.clone(), op.clone(), why.clone())));
     }
 
+    /// What GPTQ rounding did, in one line: weights rounded, the median ratio of their output
+    /// error proxy to nearest rounding's, weights left at nearest.
+    pub fn gptq_summary(&self) -> String {
+        let mut ratios: Vec<f64> = self.gptq.iter().filter(|r| r.nearest_error > 0.0).map(|r| r.gptq_error / r.nearest_error).collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios.get(ratios.len() / 2).map_or(String::new(), |m| format!("; output error proxy {:.0} % of nearest rounding's (median)", 100.0 * m));
+        format!("{} weight(s) rounded{median}, {} left at nearest", self.gptq.len(), self.gptq_skipped.len())
+    }
+
     /// A summary for people: counts, float nodes grouped by op and reason, warnings.
     pub fn summary(&self) -> String {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
@@ -313,10 +322,7 @@ impl Report {
             let _ = writeln!(s, "bias correction: {} node(s) corrected, {} left alone", self.bias_correction.len(), self.bias_uncorrected.len());
         }
         if self.gptq_enabled {
-            let mut ratios: Vec<f64> = self.gptq.iter().filter(|r| r.nearest_error > 0.0).map(|r| r.gptq_error / r.nearest_error).collect();
-            ratios.sort_by(f64::total_cmp);
-            let median = ratios.get(ratios.len() / 2).map_or(String::new(), |m| format!("; output error proxy {:.0} % of nearest rounding's (median)", 100.0 * m));
-            let _ = writeln!(s, "gptq rounding: {} weight(s) rounded{median}, {} left at nearest", self.gptq.len(), self.gptq_skipped.len());
+            let _ = writeln!(s, "gptq rounding: {}", self.gptq_summary());
             let mut why: BTreeMap<(String, String), usize> = BTreeMap::new();
             for (_, _, op, reason) in &self.gptq_skipped {
                 *why.entry((op.clone(), reason.clone())).or_default() += 1;

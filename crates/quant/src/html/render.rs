@@ -111,6 +111,7 @@ fn summary(out: &mut String, r: &HtmlReport) {
         ("constants stored quantized", rep.constants.len().to_string()),
         ("affine nodes folded into weights", rep.affine_folded.to_string()),
         ("opset", format!("{} -> {}", rep.opset.0, rep.opset.1)),
+        ("weight rounding", if rep.gptq_enabled { format!("gptq: {}", rep.gptq_summary()) } else { "nearest".into() }),
         ("calibration time", format!("{:.2} s", rep.calibration_seconds)),
         ("quantization time (total)", format!("{:.2} s", rep.total_seconds)),
         ("this report's comparison", format!("{} of {} calibration samples, {:.2} s", c.samples, rep.samples, r.seconds)),
