@@ -118,13 +118,7 @@ fn backend() -> BackendConfig {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../backends/ort.toml")).unwrap();
     let text = text.replace("weight = { dtype = \"s8\"", "weight = { dtype = \"s4\"").replace("name = \"ort\"", "name = \"ort_w4\"");
     assert!(text.contains("\"s4\""));
-    let dir = std::env::temp_dir().join(format!("qforge-gptq-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("ort_w4.toml");
-    std::fs::write(&path, text).unwrap();
-    let b = BackendConfig::load(path.to_str().unwrap()).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    b
+    BackendConfig::from_toml(&text, "ort_w4").unwrap()
 }
 
 fn run(m: &Model, rounding: WeightRounding) -> (Model, Report) {
