@@ -488,14 +488,14 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     Ok(log)
 }
 
-/// With input second moments in `stats`, replaces the integers of `c` (the quantized weight
-/// `data` of node `n`, input 1) by GPTQ's rounding on the same qparams and logs the output
-/// error proxies, or logs why the node keeps nearest rounding. Nothing to do without them.
+/// With input second moments in `stats` that watch node `n`, replaces the integers of `c` (the
+/// quantized weight `data` of `n`, input 1) by GPTQ's rounding on the same qparams and logs
+/// the output error proxies, or logs why the node keeps nearest rounding.
 #[allow(clippy::too_many_arguments)]
 fn round_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, data: &[f32], c: &mut QuantizedConst, spec: &QuantizationSpec, log: &mut ConvertLog) -> Result<(), String> {
     let Some(grams) = &stats.grams else { return Ok(()) };
     let node = g.node(n).map_err(|e| e.to_string())?;
-    if grams.skipped.iter().any(|s| s.0 == gi && s.1 == n) {
+    if !grams.watches(gi, n) {
         return Ok(());
     }
     let (index, _) = param_index(&c.shape, granularity_of(c))?;

@@ -26,7 +26,9 @@
 //!
 //! Rounded: Conv (1-D and 2-D, any group count), Gemm, and MatMul with a constant 2-D weight,
 //! when the weight is quantized per tensor, per output channel or per block along the input.
-//! Other weighted nodes keep nearest rounding and are listed with the reason.
+//! ConvTranspose and the rest keep nearest rounding and are listed with the reason. The
+//! constant inputs of elementwise ops (Add, Mul, ...) are not weights here: each of their
+//! values reaches its outputs alone, so nearest rounding is already the least-error choice.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -126,7 +128,7 @@ fn reader_of(g: &Graph, n: &Node) -> Result<(Reader, usize), String> {
         }
         "MatMul" if ws.len() == 2 => (Reader::Rows { transposed: false }, ws[0]),
         "Gemm" | "MatMul" => return Err(format!("the weight has rank {}, not 2", ws.len())),
-        _ => return Err("GPTQ rounds the weights of Conv, Gemm and MatMul only".into()),
+        op => return Err(format!("GPTQ does not round {op} weights")),
     };
     if width == 0 || width > MAX_WIDTH {
         return Err(format!("each output reads {width} inputs (GPTQ rounds 1 to {MAX_WIDTH})"));
@@ -135,8 +137,9 @@ fn reader_of(g: &Graph, n: &Node) -> Result<(Reader, usize), String> {
 }
 
 impl InputGrams {
-    /// Empty statistics for every node of `plan` (whose graphs are those of `main`, in
-    /// [`Graph::graphs`] order) with a quantized constant weight at input 1, for calibration on
+    /// Empty statistics for every Conv, ConvTranspose, Gemm and MatMul of `plan` (whose graphs
+    /// are those of `main`, in [`Graph::graphs`] order) with a quantized constant weight at
+    /// input 1, for calibration on
     /// `samples` samples: Conv, Gemm and MatMul get a watch on their activation input, the
     /// others are listed in [`InputGrams::skipped`].
     pub fn new(main: &Graph, plan: &QuantPlan, samples: usize) -> InputGrams {
@@ -146,7 +149,8 @@ impl InputGrams {
             let Some((_, g)) = all.iter().find(|(p, _)| *p == gp.path) else { continue };
             for (&id, ann) in &gp.annotations.nodes {
                 let Ok(n) = g.node(id) else { continue };
-                let weighted = ann.inputs.get(1).is_some_and(|s| matches!(s, Some(Spec::Quantize(_)))) && n.input(1).is_some_and(|w| g.value(w).is_ok_and(|v| v.is_constant()));
+                let product = matches!(n.op_type.as_str(), "Conv" | "ConvTranspose" | "Gemm" | "MatMul") && n.domain.is_empty();
+                let weighted = product && ann.inputs.get(1).is_some_and(|s| matches!(s, Some(Spec::Quantize(_)))) && n.input(1).is_some_and(|w| g.value(w).is_ok_and(|v| v.is_constant()));
                 let Some(x) = n.input(0).filter(|_| weighted) else { continue };
                 match reader_of(g, n) {
                     Ok((reader, width)) => {
@@ -164,6 +168,11 @@ impl InputGrams {
     /// Whether any node is watched.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// Whether node `id` of plan graph `gi` is watched (GPTQ rounds it, or says why not).
+    pub fn watches(&self, gi: usize, id: NodeId) -> bool {
+        self.nodes.contains_key(&(gi, id))
     }
 
     /// Adds the statistics of `other` (collected on other samples, from a clone of the same
