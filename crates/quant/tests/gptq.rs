@@ -122,9 +122,14 @@ fn backend() -> BackendConfig {
 }
 
 fn run(m: &Model, rounding: WeightRounding) -> (Model, Report) {
+    run_on(m, rounding, 2)
+}
+
+/// Quantizes `m` with 4-bit weights on `threads` threads (1: one calibration worker).
+fn run_on(m: &Model, rounding: WeightRounding, threads: usize) -> (Model, Report) {
     let backend = backend();
     let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
-    quantize(m, &q, &samples(), &QuantizeOptions { weight_rounding: rounding, threads: 2, ..Default::default() }, &mut |_, _| {}).unwrap()
+    quantize(m, &q, &samples(), &QuantizeOptions { weight_rounding: rounding, threads, ..Default::default() }, &mut |_, _| {}).unwrap()
 }
 
 fn init_f64(m: &Model, name: &str) -> Vec<f64> {
@@ -206,8 +211,8 @@ fn gptq_lowers_every_layers_output_error_on_the_same_scales() {
 fn gptq_is_deterministic_across_calibration_workers() {
     let m = model();
     let bytes = |q: &Model| qforge_onnx::to_bytes(q).unwrap();
-    let first = bytes(&run(&m, WeightRounding::Gptq).0);
+    let first = bytes(&run_on(&m, WeightRounding::Gptq, 1).0);
     for _ in 0..3 {
-        assert_eq!(bytes(&run(&m, WeightRounding::Gptq).0), first);
+        assert_eq!(bytes(&run(&m, WeightRounding::Gptq).0), first, "two workers give the bytes of one");
     }
 }
