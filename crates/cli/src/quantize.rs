@@ -67,10 +67,11 @@ pub struct CorrectionArgs {
     /// squared error among 100 %, 99 %, ..., 80 % of it, per channel).
     #[arg(long, default_value = "minmax", value_name = "minmax|mse", value_parser = ["minmax", "mse"])]
     pub weight_range: String,
-    /// Weight rounding: nearest (each weight to its nearest integer), or gptq (one input at a
-    /// time, moving the weights not yet rounded to make up for each rounding error, for the
-    /// least layer output error on the calibration data; reported per node).
-    #[arg(long, default_value = "nearest", value_name = "nearest|gptq", value_parser = parse_rounding)]
+    /// Weight rounding: gptq (one input at a time, moving the weights not yet rounded to make
+    /// up for each rounding error, for the least layer output error on the calibration data;
+    /// reported per node), nearest (each weight to its nearest integer), or auto (gptq for
+    /// weights of at most 4 bits, nearest for wider ones).
+    #[arg(long, default_value = "auto", value_name = "auto|nearest|gptq", value_parser = parse_rounding)]
     pub weight_rounding: WeightRounding,
 }
 
@@ -83,9 +84,10 @@ impl CorrectionArgs {
 
 fn parse_rounding(s: &str) -> Result<WeightRounding, String> {
     match s {
+        "auto" => Ok(WeightRounding::Auto),
         "nearest" => Ok(WeightRounding::Nearest),
         "gptq" => Ok(WeightRounding::Gptq),
-        _ => Err(format!("'{s}' is not a weight rounding: use nearest or gptq")),
+        _ => Err(format!("'{s}' is not a weight rounding: use auto, nearest or gptq")),
     }
 }
 

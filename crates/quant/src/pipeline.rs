@@ -219,7 +219,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let workers = if plan.mergeable() && opts.threads != 1 { CALIBRATION_WORKERS.min(samples.len()) } else { 1 };
     let mut stats = InputStats {
         means: opts.bias_correction.then(|| InputMeans::new(&m.graph, &plan)),
-        grams: (opts.weight_rounding == WeightRounding::Gptq).then(|| InputGrams::new(&m.graph, &plan, samples.len())),
+        grams: (opts.weight_rounding != WeightRounding::Nearest).then(|| InputGrams::new(&m.graph, &plan, samples.len(), opts.weight_rounding)).filter(|g| opts.weight_rounding == WeightRounding::Gptq || !g.is_empty() || !g.skipped.is_empty()),
     };
     calibrate_samples(&session, &mut plan, &mut stats, samples, workers, progress)?;
     report.calibration_seconds = calib_started.elapsed().as_secs_f64();

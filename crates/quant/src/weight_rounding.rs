@@ -40,17 +40,36 @@ use rayon::prelude::*;
 use crate::bias_correction::ConvWindow;
 use crate::prepare::QuantPlan;
 use crate::spec::Spec;
+use crate::QType;
 
 /// How weights are rounded to their quantization grid.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WeightRounding {
-    /// Each weight to its nearest grid point.
+    /// GPTQ for weights of at most 4 bits, where nearest rounding loses accuracy; nearest
+    /// rounding for wider ones, where GPTQ's gain is within noise for its cost.
     #[default]
+    Auto,
+    /// Each weight to its nearest grid point.
     Nearest,
     /// GPTQ: one input at a time, compensating each rounding error on the inputs not yet
     /// rounded, for the least output error on the calibration data.
     Gptq,
 }
+
+impl WeightRounding {
+    /// Whether a weight of type `qtype` is rounded by GPTQ.
+    pub fn gptq_for(self, qtype: QType) -> bool {
+        match self {
+            WeightRounding::Auto => matches!(qtype, QType::S4 | QType::U4),
+            WeightRounding::Nearest => false,
+            WeightRounding::Gptq => true,
+        }
+    }
+}
+
+/// Most bytes of fixed-point sums [`InputGrams`] holds (per calibration worker); the nodes
+/// past it, in graph order, keep nearest rounding.
+pub const MAX_SUM_BYTES: usize = 768 << 20;
 
 /// Most output positions (Conv) or rows (Gemm, MatMul) sampled per calibration sample and
 /// node.
@@ -142,18 +161,30 @@ impl InputGrams {
     /// input 1, for calibration on
     /// `samples` samples: Conv, Gemm and MatMul get a watch on their activation input, the
     /// others are listed in [`InputGrams::skipped`].
-    pub fn new(main: &Graph, plan: &QuantPlan, samples: usize) -> InputGrams {
+    pub fn new(main: &Graph, plan: &QuantPlan, samples: usize, rounding: WeightRounding) -> InputGrams {
         let all = main.graphs();
         let mut me = InputGrams { paths: plan.graphs.iter().map(|g| g.path.clone()).collect(), ..Default::default() };
+        let mut bytes = 0;
         for (gi, gp) in plan.graphs.iter().enumerate() {
             let Some((_, g)) = all.iter().find(|(p, _)| *p == gp.path) else { continue };
             for (&id, ann) in &gp.annotations.nodes {
                 let Ok(n) = g.node(id) else { continue };
                 let product = matches!(n.op_type.as_str(), "Conv" | "ConvTranspose" | "Gemm" | "MatMul") && n.domain.is_empty();
-                let weighted = product && ann.inputs.get(1).is_some_and(|s| matches!(s, Some(Spec::Quantize(_)))) && n.input(1).is_some_and(|w| g.value(w).is_ok_and(|v| v.is_constant()));
+                let Some(Some(Spec::Quantize(spec))) = ann.inputs.get(1).filter(|_| product) else { continue };
+                let weighted = rounding.gptq_for(spec.scheme.qtype) && n.input(1).is_some_and(|w| g.value(w).is_ok_and(|v| v.is_constant()));
                 let Some(x) = n.input(0).filter(|_| weighted) else { continue };
                 match reader_of(g, n) {
                     Ok((reader, width)) => {
+                        let groups = match reader {
+                            Reader::Conv { groups, .. } => groups,
+                            Reader::Rows { .. } => 1,
+                        };
+                        let need = groups * width * (width + 1) / 2 * std::mem::size_of::<i128>();
+                        if bytes + need > MAX_SUM_BYTES {
+                            me.skipped.push((gi, id, format!("its input second moments ({} MiB) would pass the {} MiB budget of GPTQ's statistics", need >> 20, MAX_SUM_BYTES >> 20)));
+                            continue;
+                        }
+                        bytes += need;
                         let positions = (VECTORS_PER_INPUT * width).div_ceil(samples.max(1)).clamp(1, POSITIONS_PER_SAMPLE);
                         me.nodes.insert((gi, id), NodeGram { reader, width, positions, sums: vec![], count: 0, unusable: None });
                         me.watch.entry((gi, x)).or_default().push(id);

@@ -127,7 +127,10 @@ fn run(m: &Model, rounding: WeightRounding) -> (Model, Report) {
 
 /// Quantizes `m` with 4-bit weights on `threads` threads (1: one calibration worker).
 fn run_on(m: &Model, rounding: WeightRounding, threads: usize) -> (Model, Report) {
-    let backend = backend();
+    run_with(m, rounding, threads, backend())
+}
+
+fn run_with(m: &Model, rounding: WeightRounding, threads: usize, backend: BackendConfig) -> (Model, Report) {
     let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
     quantize(m, &q, &samples(), &QuantizeOptions { weight_rounding: rounding, threads, ..Default::default() }, &mut |_, _| {}).unwrap()
 }
@@ -215,4 +218,19 @@ fn gptq_is_deterministic_across_calibration_workers() {
     for _ in 0..3 {
         assert_eq!(bytes(&run(&m, WeightRounding::Gptq).0), first, "two workers give the bytes of one");
     }
+}
+
+#[test]
+fn auto_rounding_is_gptq_for_4_bit_weights_and_nearest_for_8_bit_ones() {
+    let m = model();
+    let bytes = |q: &Model| qforge_onnx::to_bytes(q).unwrap();
+    let (auto4, report) = run(&m, WeightRounding::Auto);
+    assert!(report.gptq_enabled && report.gptq.len() == 5);
+    assert_eq!(bytes(&auto4), bytes(&run(&m, WeightRounding::Gptq).0));
+    assert_ne!(bytes(&auto4), bytes(&run(&m, WeightRounding::Nearest).0));
+    let ort = || BackendConfig::load("ort").unwrap();
+    let (auto8, report) = run_with(&m, WeightRounding::Auto, 2, ort());
+    assert!(!report.gptq_enabled && report.gptq.is_empty() && report.gptq_skipped.is_empty());
+    assert_eq!(bytes(&auto8), bytes(&run_with(&m, WeightRounding::Nearest, 2, ort()).0));
+    assert_ne!(bytes(&auto8), bytes(&run_with(&m, WeightRounding::Gptq, 2, ort()).0));
 }
