@@ -24,9 +24,10 @@
 //! calibration set), and `H` is damped by 1 % of its mean diagonal before the factorization,
 //! as in the paper.
 //!
-//! Rounded: Conv (1-D and 2-D, any group count), Gemm, and MatMul with a constant 2-D weight,
-//! when the weight is quantized per tensor, per output channel or per block along the input.
-//! ConvTranspose and the rest keep nearest rounding and are listed with the reason. The
+//! Rounded: Conv and ConvTranspose (1-D and 2-D, any group count; ConvTranspose with explicit
+//! pads), Gemm, and MatMul with a constant 2-D weight, when the weight is quantized per tensor,
+//! per output channel or per block along the input. The rest keep nearest rounding and are
+//! listed with the reason. The
 //! constant inputs of elementwise ops (Add, Mul, ...) are not weights here: each of their
 //! values reaches its outputs alone, so nearest rounding is already the least-error choice.
 
@@ -37,7 +38,7 @@ use qforge_runtime::kernels::gemm::{sgemm, MatRef};
 use qforge_runtime::ValueEvent;
 use rayon::prelude::*;
 
-use crate::bias_correction::ConvWindow;
+use crate::bias_correction::{ConvWindow, Pads};
 use crate::prepare::QuantPlan;
 use crate::spec::Spec;
 use crate::QType;
@@ -91,6 +92,10 @@ const FRAC_BITS: i32 = 32;
 enum Reader {
     /// A convolution: patches of `channels / groups` channels, one `H` per group.
     Conv { window: ConvWindow, groups: usize },
+    /// A transposed convolution with explicit pads: per output position, the `channels /
+    /// groups × kh × kw` products that reach it (zero for the taps that do not), one `H` per
+    /// group.
+    Transposed { window: ConvWindow, groups: usize, output_padding: [usize; 2] },
     /// Gemm input A (`[M, K]`, `[K, M]` when transposed) or MatMul input A (`[..., K]`): rows.
     Rows { transposed: bool },
 }
@@ -141,6 +146,20 @@ fn reader_of(g: &Graph, n: &Node) -> Result<(Reader, usize), String> {
             }
             (Reader::Conv { window, groups: groups as usize }, ws[1..].iter().product())
         }
+        "ConvTranspose" => {
+            let window = ConvWindow::of(n, ws)?;
+            let groups = n.attr_int("group").unwrap_or(1);
+            if groups < 1 || ws[0] % groups as usize != 0 {
+                return Err("the group count does not divide the input channels".into());
+            }
+            if n.attr_ints("output_shape").is_some() || !matches!(window.pads, Pads::Explicit(_)) {
+                return Err("GPTQ rounds ConvTranspose with explicit pads only (no output_shape or auto_pad)".into());
+            }
+            let pad = n.attr_ints("output_padding").map_or(Some(vec![0; window.spatial]), |p| (p.len() == window.spatial && p.iter().all(|&v| v >= 0)).then(|| p.iter().map(|&v| v as usize).collect()));
+            let pad = pad.ok_or("bad output_padding")?;
+            let output_padding = if window.spatial == 1 { [0, pad[0]] } else { [pad[0], pad[1]] };
+            (Reader::Transposed { window, groups: groups as usize, output_padding }, ws[0] / groups as usize * ws[2..].iter().product::<usize>())
+        }
         "Gemm" if ws.len() == 2 => {
             let trans_b = n.attr_int("transB").unwrap_or(0) != 0;
             (Reader::Rows { transposed: n.attr_int("transA").unwrap_or(0) != 0 }, if trans_b { ws[1] } else { ws[0] })
@@ -176,7 +195,7 @@ impl InputGrams {
                 match reader_of(g, n) {
                     Ok((reader, width)) => {
                         let groups = match reader {
-                            Reader::Conv { groups, .. } => groups,
+                            Reader::Conv { groups, .. } | Reader::Transposed { groups, .. } => groups,
                             Reader::Rows { .. } => 1,
                         };
                         let need = groups * width * (width + 1) / 2 * std::mem::size_of::<i128>();
@@ -243,6 +262,7 @@ impl InputGrams {
             };
             let columns = match &m.reader {
                 Reader::Conv { window, groups } => conv_patches(data, value.shape(), window, *groups, m.width, m.positions),
+                Reader::Transposed { window, groups, output_padding } => transposed_patches(data, value.shape(), window, *groups, *output_padding, m.width, m.positions),
                 Reader::Rows { transposed } => rows(data, value.shape(), *transposed, m.width, m.positions),
             };
             match columns {
@@ -309,6 +329,12 @@ impl InputGrams {
         // Element index of (output, input) for each output row.
         let (outputs, index): (usize, Box<dyn Fn(usize, usize) -> usize + Sync>) = match &m.reader {
             Reader::Conv { .. } => (w_shape[0], Box::new(move |o, i| o * k + i)),
+            Reader::Transposed { window, groups, .. } => {
+                // Weight [C, M/groups, kh, kw]; output o of group g reads input channel
+                // g·C/groups + c through taps t at ((g·C/groups + c)·M/groups + o mod M/groups)·taps + t.
+                let (taps, per_out, per_in) = (window.kernel[0] * window.kernel[1], w_shape[1], w_shape[0] / groups);
+                (per_out * groups, Box::new(move |o, i| (((o / per_out) * per_in + i / taps) * per_out + o % per_out) * taps + i % taps))
+            }
             Reader::Rows { .. } => {
                 let trans_b = node.op_type == "Gemm" && node.attr_int("transB").unwrap_or(0) != 0;
                 if trans_b {
@@ -529,6 +555,54 @@ fn conv_patches(x: &[f32], shape: &[usize], window: &ConvWindow, groups: usize, 
     Ok((out, p))
 }
 
+/// The inputs of a transposed convolution that reach (at most `max`) sampled output positions:
+/// per group, a `P × K` position-major matrix (`i` over channel-in-group × kh × kw; 0 where a
+/// tap does not reach the position), and `P`. `window.pads` must be explicit.
+fn transposed_patches(x: &[f32], shape: &[usize], window: &ConvWindow, groups: usize, output_padding: [usize; 2], width: usize, max: usize) -> Result<(Vec<Vec<f32>>, usize), String> {
+    if shape.len() != window.spatial + 2 {
+        return Err(format!("rank {} does not fit a {}-D convolution", shape.len(), window.spatial));
+    }
+    let Pads::Explicit(pads) = window.pads else { return Err("the pads are not explicit".into()) };
+    let (batch, channels) = (shape[0], shape[1]);
+    let size = if window.spatial == 1 { [1, shape[2]] } else { [shape[2], shape[3]] };
+    let [kh, kw] = window.kernel;
+    if channels % groups != 0 || (channels / groups) * kh * kw != width {
+        return Err(format!("{channels} channels do not fit the weight ({width} inputs per output, {groups} group(s))"));
+    }
+    let mut outs = [0; 2];
+    for a in 0..2 {
+        let full = (size[a] - 1) * window.strides[a] + (window.kernel[a] - 1) * window.dilations[a] + 1 + output_padding[a];
+        outs[a] = full.checked_sub(pads[a] + pads[a + 2]).ok_or("the pads are larger than the output")?;
+    }
+    // The input position tap `t` of axis `a` reads for output position `o`, if any.
+    let source = |a: usize, o: usize, t: usize| -> Option<usize> {
+        let v = (o + pads[a]).checked_sub(t * window.dilations[a])?;
+        (v % window.strides[a] == 0 && v / window.strides[a] < size[a]).then_some(v / window.strides[a])
+    };
+    let per_group = channels / groups;
+    let plane = size[0] * size[1];
+    let positions = sampled(batch * outs[0] * outs[1], max);
+    let p = positions.len();
+    let mut out = vec![vec![0f32; width * p]; groups];
+    for (gidx, m) in out.iter_mut().enumerate() {
+        for (pi, &pos) in positions.iter().enumerate() {
+            let (b, oy, ox) = (pos / (outs[0] * outs[1]), (pos / outs[1]) % outs[0], pos % outs[1]);
+            let patch = &mut m[pi * width..][..width];
+            for c in 0..per_group {
+                let src = &x[(b * channels + gidx * per_group + c) * plane..][..plane];
+                for ty in 0..kh {
+                    let Some(y) = source(0, oy, ty) else { continue };
+                    for tx in 0..kw {
+                        let Some(xx) = source(1, ox, tx) else { continue };
+                        patch[(c * kh + ty) * kw + tx] = src[y * size[1] + xx];
+                    }
+                }
+            }
+        }
+    }
+    Ok((out, p))
+}
+
 /// (At most `max`) sampled rows of a Gemm or MatMul input (`[..., K]`, or `[K, M]` when `transposed`) as
 /// one `P × K` position-major matrix, and `P`.
 fn rows(x: &[f32], shape: &[usize], transposed: bool, width: usize, max: usize) -> Result<(Vec<Vec<f32>>, usize), String> {
@@ -598,7 +672,6 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bias_correction::Pads;
 
     /// Deterministic values in `[lo, hi)`.
     fn noise(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
@@ -790,6 +863,62 @@ mod tests {
                     let got: f64 = (0..width).map(|i| wt[o * width + i] * patches[g][pos * width + i] as f64).sum();
                     let want = conv(&x, xs, &wt, ws, groups, s, d, p, (n, o, oy, ox));
                     assert!((got - want).abs() < 1e-9, "groups {groups} kernel {k:?} position {pos} output {o}: {got} vs {want}");
+                }
+            }
+        }
+    }
+
+    /// `y[n, o, Y, X]` of a transposed convolution without bias by its definition (every input
+    /// position scatters `x · w` through every tap), in f64: weight `[C, M/groups, kh, kw]`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_transpose(x: &[f32], [b, c, h, w]: [usize; 4], wt: &[f64], [_, mg, kh, kw]: [usize; 4], groups: usize, s: [usize; 2], d: [usize; 2], p: [usize; 4], op: [usize; 2]) -> (Vec<f64>, [usize; 2]) {
+        let oh = (h - 1) * s[0] + (kh - 1) * d[0] + 1 + op[0] - p[0] - p[2];
+        let ow = (w - 1) * s[1] + (kw - 1) * d[1] + 1 + op[1] - p[1] - p[3];
+        let cg = c / groups;
+        let mut y = vec![0f64; b * mg * groups * oh * ow];
+        for n in 0..b {
+            for ci in 0..c {
+                let g = ci / cg;
+                for iy in 0..h {
+                    for ix in 0..w {
+                        for o in 0..mg {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let (yy, xx) = ((iy * s[0] + ky * d[0]) as i64 - p[0] as i64, (ix * s[1] + kx * d[1]) as i64 - p[1] as i64);
+                                    if yy >= 0 && xx >= 0 && (yy as usize) < oh && (xx as usize) < ow {
+                                        y[((n * mg * groups + g * mg + o) * oh + yy as usize) * ow + xx as usize] += x[((n * c + ci) * h + iy) * w + ix] as f64 * wt[((ci * mg + o) * kh + ky) * kw + kx];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (y, [oh, ow])
+    }
+
+    #[test]
+    fn transposed_patches_hold_what_reaches_each_output_through_each_weight() {
+        let xs = [2, 4, 5, 6];
+        let x: Vec<f32> = noise(17, xs.iter().product(), -2.0, 2.0).into_iter().map(|v| v as f32).collect();
+        for (groups, k, s, d, p, op) in [(1, [2, 2], [2, 2], [1, 1], [0, 0, 0, 0], [0, 0]), (2, [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], [1, 1]), (1, [3, 2], [1, 3], [2, 1], [2, 0, 1, 1], [0, 2]), (4, [3, 3], [2, 1], [1, 1], [0, 1, 2, 0], [1, 0])] {
+            let (cg, mg) = (4 / groups, 3);
+            let ws = [4, mg, k[0], k[1]];
+            let width = cg * k[0] * k[1];
+            let wt = noise(19, 4 * mg * k[0] * k[1], -1.0, 1.0);
+            let window = ConvWindow { kernel: k, strides: s, dilations: d, pads: Pads::Explicit(p), spatial: 2 };
+            let (want, [oh, ow]) = conv_transpose(&x, xs, &wt, ws, groups, s, d, p, op);
+            let (patches, positions) = transposed_patches(&x, &xs, &window, groups, op, width, usize::MAX).unwrap();
+            assert_eq!(positions, 2 * oh * ow);
+            for pos in 0..positions {
+                let (n, oy, ox) = (pos / (oh * ow), (pos / ow) % oh, pos % ow);
+                for o in 0..mg * groups {
+                    let g = o / mg;
+                    // Output o's weight over (channel in group, tap): w[g·C/groups + c, o mod M/groups, tap].
+                    let got: f64 = (0..width).map(|i| wt[((g * cg + i / (k[0] * k[1])) * mg + o % mg) * k[0] * k[1] + i % (k[0] * k[1])] * patches[g][pos * width + i] as f64).sum();
+                    let y = want[((n * mg * groups + o) * oh + oy) * ow + ox];
+                    assert!((got - y).abs() < 1e-9, "groups {groups} kernel {k:?} strides {s:?} position {pos} output {o}: {got} vs {y}");
                 }
             }
         }
