@@ -27,9 +27,9 @@
 //! Rounded: Conv and ConvTranspose (1-D and 2-D, any group count; ConvTranspose with explicit
 //! pads), Gemm, and MatMul with a constant 2-D weight, when the weight is quantized per tensor,
 //! per output channel or per block along the input. The rest keep nearest rounding and are
-//! listed with the reason. The
-//! constant inputs of elementwise ops (Add, Mul, ...) are not weights here: each of their
-//! values reaches its outputs alone, so nearest rounding is already the least-error choice.
+//! listed with the reason. The constant inputs of elementwise ops (Add, Mul, ...) are not
+//! weights here: each of their values reaches its outputs alone, so nearest rounding is already
+//! the least-error choice.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -69,7 +69,7 @@ impl WeightRounding {
 }
 
 /// Most bytes of fixed-point sums [`InputGrams`] holds (per calibration worker); the nodes
-/// past it, in graph order, keep nearest rounding.
+/// past it, in node order, keep nearest rounding.
 pub const MAX_SUM_BYTES: usize = 768 << 20;
 
 /// Most output positions (Conv) or rows (Gemm, MatMul) sampled per calibration sample and
