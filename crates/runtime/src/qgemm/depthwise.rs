@@ -43,20 +43,64 @@ pub(crate) fn supports(w: &Axis) -> bool {
     15 * w.stride + 3 * w.dilation < 64
 }
 
+/// Depthwise weights stored for the kernel: per channel and kernel row, runs of 4 kernel
+/// columns as one `i32` of stored (`i8`) bytes, 0 past the kernel width, with each channel's
+/// sum of stored weights.
+pub(crate) struct DepthwiseW {
+    wt: Int8,
+    channels: usize,
+    kh: usize,
+    kw: usize,
+    runs: usize,
+    wq: Vec<i32>,
+    sums: Vec<i32>,
+}
+
+impl DepthwiseW {
+    /// Packs `channels` filters of `kh x kw` taps (ONNX order, filter `c` at `w[c * kh *
+    /// kw..]`) of type `wt`. Panics if `w` is shorter than `channels * kh * kw`.
+    pub(crate) fn pack(wt: Int8, w: &[u8], channels: usize, kh: usize, kw: usize) -> DepthwiseW {
+        let taps = kh * kw;
+        assert!(w.len() >= channels * taps, "depthwise weights of {} bytes are too short for {channels} x {kh} x {kw}", w.len());
+        let runs = kw.div_ceil(4);
+        let wflip = if wt == Int8::U8 { 0x80 } else { 0 };
+        let mut wq = vec![0i32; channels * kh * runs];
+        let mut sums = vec![0i32; channels];
+        for (ch, sum) in sums.iter_mut().enumerate() {
+            for ki in 0..kh {
+                for r in 0..runs {
+                    let mut b = [0u8; 4];
+                    for (t, v) in b.iter_mut().enumerate() {
+                        let kj = 4 * r + t;
+                        if kj < kw {
+                            *v = w[ch * taps + ki * kw + kj] ^ wflip;
+                            *sum = sum.wrapping_add(*v as i8 as i32);
+                        }
+                    }
+                    wq[(ch * kh + ki) * runs + r] = i32::from_le_bytes(b);
+                }
+            }
+        }
+        DepthwiseW { wt, channels, kh, kw, runs, wq, sums }
+    }
+}
+
 /// Depthwise convolution of one image: input channel `c` of `inp` (`inp.channels` channels)
-/// with weights `w[c * kh * kw..]` (ONNX order, type `wt`) into output plane `c` of `out`
-/// (`h.output x w.output` values per plane), requantized to `T`. `rq`'s per-channel vectors
-/// hold one value per channel. Items of work (a channel, or a band of one channel's output
-/// rows) run on the current rayon pool when `parallel`.
+/// with filter `c` of `w` into output plane `c` of `out` (`h.output x w.output` values per
+/// plane), requantized to `T`. `rq`'s per-channel vectors hold one value per channel. Items
+/// of work (a channel, or a band of one channel's output rows) run on the current rayon pool
+/// when `parallel`.
 ///
 /// Panics unless the CPU has the needed extensions ([`available`]), the geometry fits
-/// ([`supports`]), and `x`, `w`, `out` and the per-channel vectors are long enough.
-pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq: &ConvRequant, out: &mut [T], parallel: bool) {
+/// ([`supports`]), `w` holds `inp.channels` filters of the kernel's size, and `x`, `out` and
+/// the per-channel vectors are long enough.
+pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &ConvRequant, out: &mut [T], parallel: bool) {
     assert!(available(), "the depthwise kernel needs AVX-512 VNNI and VBMI");
     let (h, wa, c) = (inp.h, inp.w, inp.channels);
     assert!(supports(&wa), "horizontal stride {} and dilation {} do not fit the depthwise kernel", wa.stride, wa.dilation);
+    assert!(w.channels == c && w.kh == h.kernel && w.kw == wa.kernel, "depthwise weights of {} x {} x {} for {c} channels and a {} x {} kernel", w.channels, w.kh, w.kw, h.kernel, wa.kernel);
     let (taps, plane) = (h.kernel * wa.kernel, h.output * wa.output);
-    assert!(inp.x.len() >= c * h.input * wa.input && w.len() >= c * taps && out.len() >= c * plane);
+    assert!(inp.x.len() >= c * h.input * wa.input && out.len() >= c * plane);
     if let Scale::Each(s) = rq.scale {
         assert!(s.len() >= c);
     }
@@ -67,38 +111,16 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     if c == 0 || plane == 0 {
         return;
     }
-    let runs = wa.kernel.div_ceil(4);
-    let wflip = if wt == Int8::U8 { 0x80 } else { 0 };
     let xz = inp.x_zp + if inp.xt == Int8::I8 { 128 } else { 0 };
-    let wz = |ch: usize| {
+    let wshift = if w.wt == Int8::U8 { 128 } else { 0 };
+    let (mut konst, mut neg_wz) = (Vec::with_capacity(c), Vec::with_capacity(c));
+    for ch in 0..c {
         let z = match rq.w_zp {
             ZeroPoints::Tensor(z) => z,
             ZeroPoints::Each(v) => v[ch],
-        };
-        z - if wt == Int8::U8 { 128 } else { 0 }
-    };
-    // Per channel and kernel row, `runs` groups of 4 stored weights (0 past the kernel width).
-    let mut wq = vec![0i32; c * h.kernel * runs];
-    let mut konst = vec![0i32; c];
-    let mut neg_wz = vec![0i32; c];
-    for ch in 0..c {
-        let mut sum = 0i32;
-        for ki in 0..h.kernel {
-            for r in 0..runs {
-                let mut b = [0u8; 4];
-                for (t, v) in b.iter_mut().enumerate() {
-                    let kj = 4 * r + t;
-                    if kj < wa.kernel {
-                        *v = w[ch * taps + ki * wa.kernel + kj] ^ wflip;
-                        sum = sum.wrapping_add(*v as i8 as i32);
-                    }
-                }
-                wq[(ch * h.kernel + ki) * runs + r] = i32::from_le_bytes(b);
-            }
-        }
-        let z = wz(ch);
-        neg_wz[ch] = z.wrapping_neg();
-        konst[ch] = (taps as i32).wrapping_mul(xz).wrapping_mul(z).wrapping_sub(xz.wrapping_mul(sum)).wrapping_add(rq.bias.map_or(0, |b| b[ch]));
+        } - wshift;
+        neg_wz.push(z.wrapping_neg());
+        konst.push((taps as i32).wrapping_mul(xz).wrapping_mul(z).wrapping_sub(xz.wrapping_mul(w.sums[ch])).wrapping_add(rq.bias.map_or(0, |b| b[ch])));
     }
     let scale: Vec<f32> = (0..c).map(|ch| match rq.scale {
         Scale::Tensor(s) => s,
@@ -110,7 +132,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     let rows = h.output.div_ceil(bands);
     let width = (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1;
     let (blocks, patterns) = plan_blocks(h.stride * width, &wa, rows * wa.output);
-    let job = Job { inp: *inp, xz: xz as u8, runs, wq, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
+    let job = Job { inp: *inp, xz: xz as u8, runs: w.runs, wq: &w.wq, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
     let per_ch = h.output.div_ceil(rows);
     let items = c * per_ch;
     let o = SharedOut::new(&mut out[..c * plane]);
@@ -187,7 +209,7 @@ struct Job<'a> {
     /// Runs of 4 kernel columns per kernel row.
     runs: usize,
     /// Stored weights: per channel, kernel row and run, 4 bytes as one `i32`.
-    wq: Vec<i32>,
+    wq: &'a [i32],
     /// Per channel: `|T| xz' wz' - xz' sum_T w' + bias`.
     konst: Vec<i32>,
     /// Per channel: `-wz'`.
@@ -370,14 +392,15 @@ mod tests {
                     w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
                     y_zp: yz,
                 };
+                let dw = DepthwiseW::pack(wt, &w, c, h.kernel, wa.kernel);
                 for pool in &pools {
                     let got: Vec<u8> = pool.install(|| if xt == Int8::U8 {
                         let mut o = vec![0u8; c * h.output * wa.output];
-                        depthwise_requant(&inp, &w, wt, &rq, &mut o, true);
+                        depthwise_requant(&inp, &dw, &rq, &mut o, true);
                         o
                     } else {
                         let mut o = vec![0i8; c * h.output * wa.output];
-                        depthwise_requant(&inp, &w, wt, &rq, &mut o, true);
+                        depthwise_requant(&inp, &dw, &rq, &mut o, true);
                         o.into_iter().map(|v| v as u8).collect()
                     });
                     assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} threads {}", pool.current_num_threads());
