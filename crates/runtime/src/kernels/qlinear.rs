@@ -615,13 +615,16 @@ enum ConvKind {
 
 /// Constant convolution weights prepared once: packed per group for the GEMM (depth order
 /// `(ki, kj, c)`) and, when the convolution may run on the NCHW kernel ([`nchw_kernel`]),
-/// per group for that kernel too; neither for the depthwise kernel, which reads the bytes.
+/// per group for that kernel too; a depthwise QLinearConv's for the depthwise kernel when
+/// the CPU runs it.
 struct ConvWeights {
     shape: Vec<usize>,
     dtype: DType,
     groups: Vec<PackedB>,
     #[cfg(target_arch = "x86_64")]
     nchw: Vec<qgemm::conv::ConvW>,
+    #[cfg(target_arch = "x86_64")]
+    depthwise: Option<qgemm::depthwise::DepthwiseW>,
 }
 
 /// ConvInteger and QLinearConv.
@@ -667,6 +670,8 @@ fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<d
             groups,
             #[cfg(target_arch = "x86_64")]
             nchw: if !nchw_kernel(kind, &geo, &window) { vec![] } else { (0..group).map(|g| geo.pack_nchw(wt, bytes, g)).collect() },
+            #[cfg(target_arch = "x86_64")]
+            depthwise: (kind == ConvKind::QLinear && geo.depthwise_shape() && qgemm::depthwise::available()).then(|| qgemm::depthwise::DepthwiseW::pack(wt, bytes, geo.m, geo.kh, geo.kw)),
         }))
     });
     Ok(Box::new(QConv { kind, window, group, isa, weights }))
@@ -964,7 +969,13 @@ impl Kernel for QConv {
                 return Err(kernel_error(format!("kernel_shape {ks:?} differs from the weight's spatial shape {want:?}")));
             }
         }
-        let win = if one_d { self.window.lifted_1d() } else { self.window.clone() };
+        let lifted;
+        let win = if one_d {
+            lifted = self.window.lifted_1d();
+            &lifted
+        } else {
+            &self.window
+        };
         let axes = win.axes(&[ih, iw], &[geo.kh, geo.kw])?;
         let (h, wa) = (axes[0], axes[1]);
         let (oh, ow) = (h.output, wa.output);
@@ -1018,9 +1029,14 @@ impl Kernel for QConv {
         let plane = oh * ow;
         if n > 0 && m > 0 && plane > 0 {
             if geo.depthwise_shape() {
+                #[cfg(target_arch = "x86_64")]
+                let prepared = self.weights.as_ref().filter(|p| p.shape == ws && p.dtype == w.dtype()).and_then(|p| p.depthwise.as_ref());
+                #[cfg(not(target_arch = "x86_64"))]
+                let prepared = None;
+                let dw = DepthwiseWeights { w: wb, wt, w_zp: &w_zp, prepared };
                 for b in 0..n {
                     let img = &xb[b * c * plane_in..(b + 1) * c * plane_in];
-                    depthwise(img, xt, x_zp, wb, wt, &w_zp, h, wa, requant.as_ref(), &mut out, b * m * plane);
+                    depthwise(img, xt, x_zp, &dw, h, wa, requant.as_ref(), &mut out, b * m * plane);
                 }
             } else if plane >= NCHW_MIN_PLANE && nchw_kernel(self.kind, &geo, &self.window) {
                 #[cfg(target_arch = "x86_64")]
@@ -1151,6 +1167,20 @@ fn requant_block<T: Out8>(blk: &mut Block, t: &mut [T], rq: &Requant, oc0: usize
     unsafe { qgemm::requantize_block(blk.data, blk.ld, blk.rows, cols, bias, scale, zp, t.as_mut_ptr(), cols) };
 }
 
+/// The weights of a depthwise convolution: the bytes (`[C, 1, kh, kw]`, type `wt`), their
+/// zero points (one or one per channel), and the depthwise kernel's packing of them when
+/// prepared with the session.
+#[derive(Clone, Copy)]
+struct DepthwiseWeights<'a> {
+    w: &'a [u8],
+    wt: Int8,
+    w_zp: &'a [i32],
+    #[cfg(target_arch = "x86_64")]
+    prepared: Option<&'a qgemm::depthwise::DepthwiseW>,
+    #[cfg(not(target_arch = "x86_64"))]
+    prepared: Option<&'a ()>,
+}
+
 /// Depthwise convolution of one image (`group == C == M`) by a direct sliding window on the
 /// channels-last image, vectorized across channels: for each output position, `acc[c] +=
 /// (x[c] - x_zp) * (w[c][tap] - w_zp[c])` in `i32` over the taps inside the input (padding
@@ -1161,12 +1191,21 @@ fn requant_block<T: Out8>(blk: &mut Block, t: &mut [T], rq: &Requant, oc0: usize
 /// QLinearConv runs on the NCHW kernel of [`qgemm::depthwise`] instead when the CPU and the
 /// horizontal geometry allow.
 #[allow(clippy::too_many_arguments)]
-fn depthwise(img: &[u8], xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w_zp: &[i32], h: Axis, wa: Axis, rq: Option<&Requant>, out: &mut ConvOut, base: usize) {
+fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa: Axis, rq: Option<&Requant>, out: &mut ConvOut, base: usize) {
+    let DepthwiseWeights { w, wt, w_zp, .. } = *dw;
     let plane_in = h.input * wa.input;
     let c = img.len() / plane_in.max(1);
     #[cfg(target_arch = "x86_64")]
     if let Some(rq) = rq {
         if qgemm::depthwise::available() && qgemm::depthwise::supports(&wa) {
+            let owned;
+            let packed = match dw.prepared {
+                Some(p) => p,
+                None => {
+                    owned = qgemm::depthwise::DepthwiseW::pack(wt, w, c, h.kernel, wa.kernel);
+                    &owned
+                }
+            };
             let inp = qgemm::conv::ConvInput { x: img, xt, x_zp, channels: c, h, w: wa };
             let crq = |y_zp| qgemm::conv::ConvRequant {
                 scale: scale_arg(&rq.mult),
@@ -1176,8 +1215,8 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w_zp: &[i32], 
             };
             let at = base..base + c * h.output * wa.output;
             match out {
-                ConvOut::U8(v, z) => qgemm::depthwise::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
-                ConvOut::I8(v, z) => qgemm::depthwise::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
+                ConvOut::U8(v, z) => qgemm::depthwise::depthwise_requant(&inp, packed, &crq(*z), &mut v[at], true),
+                ConvOut::I8(v, z) => qgemm::depthwise::depthwise_requant(&inp, packed, &crq(*z), &mut v[at], true),
                 ConvOut::I32(_) => unreachable!("ConvInteger has no output stage"),
             }
             return;

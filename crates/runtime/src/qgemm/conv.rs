@@ -178,7 +178,8 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
             (off, lo, hi)
         })
         .collect();
-    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, plane, taps, cols };
+    let pointwise = h.kernel == 1 && w.kernel == 1 && h.stride == 1 && w.stride == 1 && h.pad_begin + h.pad_end + w.pad_begin + w.pad_end == 0;
+    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, plane, taps, cols, pointwise };
     let blocks = plane.div_ceil(NR * PANELS);
     let o = SharedOut::new(&mut out[..m * plane]);
     let threads = crate::kernels::util::threads();
@@ -210,6 +211,9 @@ struct Job<'a> {
     /// Per kernel column `kj`: the input column offset `kj * dilation - pad_begin` and the
     /// output columns `lo..hi` whose input column is inside the row.
     cols: Vec<(isize, usize, usize)>,
+    /// Whether the kernel is `1 x 1` with unit strides and no padding, so that output
+    /// position `q` reads input position `q` of each channel.
+    pointwise: bool,
 }
 
 impl Job<'_> {
@@ -308,39 +312,45 @@ impl Job<'_> {
                     continue;
                 }
                 let (base, dy, kj) = self.taps[kk];
-                let (off, lo, hi) = self.cols[kj];
-                let mut r = padv;
-                for &(j0, len, oy, ox0) in segs {
-                    let iy = (oy * h.stride) as isize + dy;
-                    if iy < 0 || iy >= h.input as isize {
-                        continue;
-                    }
-                    let (a, b) = (lo.clamp(ox0, ox0 + len), hi.clamp(ox0, ox0 + len));
-                    if a >= b {
-                        continue;
-                    }
-                    let (ja, jb) = (j0 + a - ox0, j0 + b - ox0);
-                    let line = x.wrapping_add(base + iy as usize * w.input);
-                    // Lane `j` of the run reads input column `(ox0 + j - j0) * s + off`, inside
-                    // the row for the lanes `ja..jb`, the only ones loaded (masked-off lanes
-                    // are not accessed, so the base pointer may lie outside the image).
-                    let ptr = line.wrapping_offset((ox0 * s) as isize + off - (j0 * s) as isize);
-                    match s {
-                        1 => r = _mm256_mask_loadu_epi8(r, lanes(ja, jb) as u32, ptr as *const i8),
-                        2 => {
-                            let l = _mm512_maskz_loadu_epi8(lanes(2 * ja, 2 * jb) & 0x5555_5555_5555_5555, ptr as *const i8);
-                            r = _mm256_mask_blend_epi8(lanes(ja, jb) as u32, r, _mm512_cvtepi16_epi8(l));
+                let r = if self.pointwise {
+                    // Output position `q` reads input position `q`.
+                    _mm256_maskz_loadu_epi8(keep, x.add(base + q0) as *const i8)
+                } else {
+                    let (off, lo, hi) = self.cols[kj];
+                    let mut r = padv;
+                    for &(j0, len, oy, ox0) in segs {
+                        let iy = (oy * h.stride) as isize + dy;
+                        if iy < 0 || iy >= h.input as isize {
+                            continue;
                         }
-                        _ => {
-                            let mut tmp = [0u8; NR];
-                            _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, r);
-                            for (j, d) in tmp.iter_mut().enumerate().take(jb).skip(ja) {
-                                *d = *ptr.wrapping_add(j * s);
+                        let (a, b) = (lo.clamp(ox0, ox0 + len), hi.clamp(ox0, ox0 + len));
+                        if a >= b {
+                            continue;
+                        }
+                        let (ja, jb) = (j0 + a - ox0, j0 + b - ox0);
+                        let line = x.wrapping_add(base + iy as usize * w.input);
+                        // Lane `j` of the run reads input column `(ox0 + j - j0) * s + off`, inside
+                        // the row for the lanes `ja..jb`, the only ones loaded (masked-off lanes
+                        // are not accessed, so the base pointer may lie outside the image).
+                        let ptr = line.wrapping_offset((ox0 * s) as isize + off - (j0 * s) as isize);
+                        match s {
+                            1 => r = _mm256_mask_loadu_epi8(r, lanes(ja, jb) as u32, ptr as *const i8),
+                            2 => {
+                                let l = _mm512_maskz_loadu_epi8(lanes(2 * ja, 2 * jb) & 0x5555_5555_5555_5555, ptr as *const i8);
+                                r = _mm256_mask_blend_epi8(lanes(ja, jb) as u32, r, _mm512_cvtepi16_epi8(l));
                             }
-                            r = _mm256_loadu_si256(tmp.as_ptr() as *const __m256i);
+                            _ => {
+                                let mut tmp = [0u8; NR];
+                                _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, r);
+                                for (j, d) in tmp.iter_mut().enumerate().take(jb).skip(ja) {
+                                    *d = *ptr.wrapping_add(j * s);
+                                }
+                                r = _mm256_loadu_si256(tmp.as_ptr() as *const __m256i);
+                            }
                         }
                     }
-                }
+                    r
+                };
                 *vt = _mm256_maskz_mov_epi8(keep, _mm256_xor_si256(r, flip));
             }
             // Interleave the 4 depth rows into 32 positions of 4 bytes.
@@ -450,7 +460,7 @@ mod tests {
         let mut next = move || (rng.next() >> 32) as u32;
         // (channels, out channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
         type Ax = (usize, usize, usize, usize, usize, usize);
-        let cases: [(usize, usize, Ax, Ax); 7] = [
+        let cases: [(usize, usize, Ax, Ax); 10] = [
             (3, 16, (17, 3, 2, 1, 1, 1), (23, 3, 2, 1, 1, 1)),
             (8, 5, (6, 1, 1, 1, 0, 0), (70, 1, 1, 1, 0, 0)),
             (13, 25, (9, 3, 1, 1, 1, 1), (41, 3, 1, 1, 1, 1)),
@@ -458,6 +468,9 @@ mod tests {
             (1, 1, (1, 1, 1, 1, 0, 0), (1, 1, 1, 1, 0, 0)),
             (36, 13, (11, 3, 1, 1, 0, 0), (12, 5, 1, 1, 2, 2)),
             (4, 7, (5, 1, 2, 1, 0, 0), (33, 1, 2, 1, 0, 0)),
+            (21, 33, (9, 1, 1, 1, 0, 0), (37, 1, 1, 1, 0, 0)),
+            (3, 2, (1, 1, 1, 1, 0, 0), (5, 1, 1, 1, 0, 0)),
+            (6, 4, (7, 1, 1, 1, 1, 0), (7, 1, 1, 1, 0, 1)),
         ];
         for (ci, &(c, m, hx, wx)) in cases.iter().enumerate() {
             let h = axis(hx.0, hx.1, hx.2, hx.3, hx.4, hx.5);

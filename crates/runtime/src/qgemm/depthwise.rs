@@ -43,20 +43,64 @@ pub(crate) fn supports(w: &Axis) -> bool {
     15 * w.stride + 3 * w.dilation < 64
 }
 
+/// Depthwise weights stored for the kernel: per channel and kernel row, runs of 4 kernel
+/// columns as one `i32` of stored (`i8`) bytes, 0 past the kernel width, with each channel's
+/// sum of stored weights.
+pub(crate) struct DepthwiseW {
+    wt: Int8,
+    channels: usize,
+    kh: usize,
+    kw: usize,
+    runs: usize,
+    wq: Vec<i32>,
+    sums: Vec<i32>,
+}
+
+impl DepthwiseW {
+    /// Packs `channels` filters of `kh x kw` taps (ONNX order, filter `c` at `w[c * kh *
+    /// kw..]`) of type `wt`. Panics if `w` is shorter than `channels * kh * kw`.
+    pub(crate) fn pack(wt: Int8, w: &[u8], channels: usize, kh: usize, kw: usize) -> DepthwiseW {
+        let taps = kh * kw;
+        assert!(w.len() >= channels * taps, "depthwise weights of {} bytes are too short for {channels} x {kh} x {kw}", w.len());
+        let runs = kw.div_ceil(4);
+        let wflip = if wt == Int8::U8 { 0x80 } else { 0 };
+        let mut wq = vec![0i32; channels * kh * runs];
+        let mut sums = vec![0i32; channels];
+        for (ch, sum) in sums.iter_mut().enumerate() {
+            for ki in 0..kh {
+                for r in 0..runs {
+                    let mut b = [0u8; 4];
+                    for (t, v) in b.iter_mut().enumerate() {
+                        let kj = 4 * r + t;
+                        if kj < kw {
+                            *v = w[ch * taps + ki * kw + kj] ^ wflip;
+                            *sum = sum.wrapping_add(*v as i8 as i32);
+                        }
+                    }
+                    wq[(ch * kh + ki) * runs + r] = i32::from_le_bytes(b);
+                }
+            }
+        }
+        DepthwiseW { wt, channels, kh, kw, runs, wq, sums }
+    }
+}
+
 /// Depthwise convolution of one image: input channel `c` of `inp` (`inp.channels` channels)
-/// with weights `w[c * kh * kw..]` (ONNX order, type `wt`) into output plane `c` of `out`
-/// (`h.output x w.output` values per plane), requantized to `T`. `rq`'s per-channel vectors
-/// hold one value per channel. Items of work (a channel, or a band of one channel's output
-/// rows) run on the current rayon pool when `parallel`.
+/// with filter `c` of `w` into output plane `c` of `out` (`h.output x w.output` values per
+/// plane), requantized to `T`. `rq`'s per-channel vectors hold one value per channel. Items
+/// of work (a channel, or a band of one channel's output rows) run on the current rayon pool
+/// when `parallel`.
 ///
 /// Panics unless the CPU has the needed extensions ([`available`]), the geometry fits
-/// ([`supports`]), and `x`, `w`, `out` and the per-channel vectors are long enough.
-pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq: &ConvRequant, out: &mut [T], parallel: bool) {
+/// ([`supports`]), `w` holds `inp.channels` filters of the kernel's size, and `x`, `out` and
+/// the per-channel vectors are long enough.
+pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &ConvRequant, out: &mut [T], parallel: bool) {
     assert!(available(), "the depthwise kernel needs AVX-512 VNNI and VBMI");
     let (h, wa, c) = (inp.h, inp.w, inp.channels);
     assert!(supports(&wa), "horizontal stride {} and dilation {} do not fit the depthwise kernel", wa.stride, wa.dilation);
+    assert!(w.channels == c && w.kh == h.kernel && w.kw == wa.kernel, "depthwise weights of {} x {} x {} for {c} channels and a {} x {} kernel", w.channels, w.kh, w.kw, h.kernel, wa.kernel);
     let (taps, plane) = (h.kernel * wa.kernel, h.output * wa.output);
-    assert!(inp.x.len() >= c * h.input * wa.input && w.len() >= c * taps && out.len() >= c * plane);
+    assert!(inp.x.len() >= c * h.input * wa.input && out.len() >= c * plane);
     if let Scale::Each(s) = rq.scale {
         assert!(s.len() >= c);
     }
@@ -67,63 +111,30 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     if c == 0 || plane == 0 {
         return;
     }
-    let runs = wa.kernel.div_ceil(4);
-    let wflip = if wt == Int8::U8 { 0x80 } else { 0 };
     let xz = inp.x_zp + if inp.xt == Int8::I8 { 128 } else { 0 };
-    let wz = |ch: usize| {
+    let wshift = if w.wt == Int8::U8 { 128 } else { 0 };
+    let (mut konst, mut neg_wz) = (Vec::with_capacity(c), Vec::with_capacity(c));
+    for ch in 0..c {
         let z = match rq.w_zp {
             ZeroPoints::Tensor(z) => z,
             ZeroPoints::Each(v) => v[ch],
-        };
-        z - if wt == Int8::U8 { 128 } else { 0 }
-    };
-    // Per channel and kernel row, `runs` groups of 4 stored weights (0 past the kernel width).
-    let mut wq = vec![0i32; c * h.kernel * runs];
-    let mut konst = vec![0i32; c];
-    let mut neg_wz = vec![0i32; c];
-    for ch in 0..c {
-        let mut sum = 0i32;
-        for ki in 0..h.kernel {
-            for r in 0..runs {
-                let mut b = [0u8; 4];
-                for (t, v) in b.iter_mut().enumerate() {
-                    let kj = 4 * r + t;
-                    if kj < wa.kernel {
-                        *v = w[ch * taps + ki * wa.kernel + kj] ^ wflip;
-                        sum = sum.wrapping_add(*v as i8 as i32);
-                    }
-                }
-                wq[(ch * h.kernel + ki) * runs + r] = i32::from_le_bytes(b);
-            }
-        }
-        let z = wz(ch);
-        neg_wz[ch] = z.wrapping_neg();
-        konst[ch] = (taps as i32).wrapping_mul(xz).wrapping_mul(z).wrapping_sub(xz.wrapping_mul(sum)).wrapping_add(rq.bias.map_or(0, |b| b[ch]));
+        } - wshift;
+        neg_wz.push(z.wrapping_neg());
+        konst.push((taps as i32).wrapping_mul(xz).wrapping_mul(z).wrapping_sub(xz.wrapping_mul(w.sums[ch])).wrapping_add(rq.bias.map_or(0, |b| b[ch])));
     }
     let scale: Vec<f32> = (0..c).map(|ch| match rq.scale {
         Scale::Tensor(s) => s,
         Scale::Each(v) => v[ch],
     }).collect();
-    let job = Job {
-        inp: *inp,
-        xz: xz as u8,
-        runs,
-        wq,
-        konst,
-        neg_wz,
-        scale,
-        lo: (T::MIN - rq.y_zp) as f32,
-        hi: (T::MAX - rq.y_zp) as f32,
-        zp: rq.y_zp,
-        width: (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1,
-        gather: std::array::from_fn(|i| ((i / 4) * wa.stride + (i % 4) * wa.dilation) as u8),
-    };
     let threads = if parallel { crate::kernels::util::threads() } else { 1 };
     // Whole channels per item unless there are too few channels to go round the threads.
     let bands = if threads > 1 && c < 4 * threads { (4 * threads).div_ceil(c).min(h.output) } else { 1 };
     let rows = h.output.div_ceil(bands);
-    let items = c * h.output.div_ceil(rows);
+    let width = (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1;
+    let (blocks, patterns) = plan_blocks(h.stride * width, &wa, rows * wa.output);
+    let job = Job { inp: *inp, xz: xz as u8, runs: w.runs, wq: &w.wq, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
     let per_ch = h.output.div_ceil(rows);
+    let items = c * per_ch;
     let o = SharedOut::new(&mut out[..c * plane]);
     let run = |buf: &mut Vec<u8>, i: usize| {
         let (ch, band) = (i / per_ch, i % per_ch);
@@ -145,6 +156,51 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     }
 }
 
+/// A register of output positions: `lanes` consecutive positions of a band (row-major over
+/// the band's output rows) from position `start`, whose first tap is padded byte `at` of the
+/// band's buffer, gathered by pattern `pattern`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Block {
+    at: u32,
+    start: u32,
+    lanes: u8,
+    pattern: u16,
+}
+
+/// Splits `positions` output positions (row-major, `w.output` per row, the first at column
+/// 0 of a padded row; consecutive output rows `row_step` bytes apart) into registers of
+/// [`LANES`] positions, each one 64-byte load per run of 4 kernel columns.
+///
+/// A register takes the next 16 positions when every byte they read at 4 consecutive kernel
+/// columns lies within 64 bytes of the first position's, wrapping onto the following output
+/// rows; otherwise it ends at its row's end. Returns the registers in order and their
+/// distinct `vpermb` patterns: byte `4j + t` is the offset of lane `j`'s tap `t` from the
+/// register's first tap (lanes past `lanes` repeat lane 0's offsets).
+fn plan_blocks(row_step: usize, w: &Axis, positions: usize) -> (Vec<Block>, Vec<[u8; 64]>) {
+    let (ow, s, d) = (w.output, w.stride, w.dilation);
+    let mut blocks = Vec::with_capacity(positions.div_ceil(LANES));
+    let mut patterns: Vec<[u8; 64]> = Vec::new();
+    // Per first column: the register's pattern and lanes.
+    let mut by_column: Vec<Option<(u16, usize)>> = vec![None; ow];
+    let offset = |ox: usize, j: usize| (ox + j) / ow * row_step + (ox + j) % ow * s - ox * s;
+    let mut p = 0;
+    while p < positions {
+        let ox = p % ow;
+        let (pattern, lanes) = *by_column[ox].get_or_insert_with(|| {
+            let wraps = (0..LANES).all(|j| offset(ox, j) + 3 * d < 64);
+            let lanes = if wraps { LANES } else { ow - ox };
+            patterns.push(std::array::from_fn(|i| {
+                let (j, t) = (i / 4, i % 4);
+                ((if j < lanes { offset(ox, j) } else { 0 }) + t * d) as u8
+            }));
+            ((patterns.len() - 1) as u16, lanes)
+        });
+        blocks.push(Block { at: (p / ow * row_step + ox * s) as u32, start: p as u32, lanes: lanes as u8, pattern });
+        p += lanes;
+    }
+    (blocks, patterns)
+}
+
 /// One image's constants for its items.
 struct Job<'a> {
     inp: ConvInput<'a>,
@@ -153,7 +209,7 @@ struct Job<'a> {
     /// Runs of 4 kernel columns per kernel row.
     runs: usize,
     /// Stored weights: per channel, kernel row and run, 4 bytes as one `i32`.
-    wq: Vec<i32>,
+    wq: &'a [i32],
     /// Per channel: `|T| xz' wz' - xz' sum_T w' + bias`.
     konst: Vec<i32>,
     /// Per channel: `-wz'`.
@@ -164,11 +220,12 @@ struct Job<'a> {
     lo: f32,
     hi: f32,
     zp: i32,
-    /// Bytes of a padded input row that the output row reads.
+    /// Bytes of a padded input row that the output rows read.
     width: usize,
-    /// The `vpermb` indices: byte `4j + t` of a gathered register (position `j`, tap `t` of a
-    /// run) is loaded byte `j stride + t dilation`.
-    gather: [u8; 64],
+    /// The registers of a whole band ([`plan_blocks`]); a shorter band uses a prefix.
+    blocks: Vec<Block>,
+    /// Their `vpermb` patterns.
+    patterns: Vec<[u8; 64]>,
 }
 
 impl Job<'_> {
@@ -183,13 +240,20 @@ impl Job<'_> {
         let (h, wa) = (self.inp.h, self.inp.w);
         let (r0, r1) = (oy0 * h.stride, (oy1 - 1) * h.stride + (h.kernel - 1) * h.dilation + 1);
         let width = self.width;
-        // 64 bytes of slack: the last loads of a row run past the bytes it reads.
+        let positions = (oy1 - oy0) * wa.output;
+        let used = self.blocks.partition_point(|b| (b.start as usize) < positions);
+        let blocks = &self.blocks[..used];
+        // Every load of the last register (whose lanes may run past the band into rows
+        // holding the zero point) stays inside the buffer.
+        let last = blocks[used - 1].at as usize;
+        let len = last + (h.kernel - 1) * h.dilation * width + 4 * (self.runs - 1) * wa.dilation + 64;
         buf.clear();
-        buf.resize((r1 - r0) * width + 64, self.xz);
+        buf.resize(len.max((r1 - r0) * width), self.xz);
         let flip = if self.inp.xt == Int8::I8 { 0x80u8 } else { 0 };
         let plane = &self.inp.x[ch * h.input * wa.input..(ch + 1) * h.input * wa.input];
         // Input columns `ix` land at padded column `ix + pad_begin`, kept while inside `width`.
         let (c0, c1) = (wa.pad_begin.min(width), (wa.pad_begin + wa.input).min(width));
+        let flipv = _mm512_set1_epi8(flip as i8);
         for r in r0..r1 {
             let iy = r as isize - h.pad_begin as isize;
             if iy < 0 || iy >= h.input as isize || c0 >= c1 {
@@ -197,78 +261,70 @@ impl Job<'_> {
             }
             let src = &plane[iy as usize * wa.input..][..c1 - c0];
             let row = &mut buf[(r - r0) * width + c0..(r - r0) * width + c1];
-            row.iter_mut().zip(src).for_each(|(d, &s)| *d = s ^ flip);
-        }
-        let ow = wa.output;
-        let blocks = ow.div_ceil(LANES);
-        for oy in oy0..oy1 {
-            let mut b0 = 0;
-            while b0 < blocks {
-                let nb = (blocks - b0).min(MAX_BLOCKS);
-                let f = match nb {
-                    1 => Self::row_blocks::<T, 1>,
-                    2 => Self::row_blocks::<T, 2>,
-                    3 => Self::row_blocks::<T, 3>,
-                    4 => Self::row_blocks::<T, 4>,
-                    5 => Self::row_blocks::<T, 5>,
-                    6 => Self::row_blocks::<T, 6>,
-                    7 => Self::row_blocks::<T, 7>,
-                    _ => Self::row_blocks::<T, 8>,
-                };
-                let first = buf.as_ptr().add((oy * h.stride - r0) * width + b0 * LANES * wa.stride);
-                f(self, ch, first, b0 * LANES, dst.add((oy - oy0) * ow));
-                b0 += nb;
+            for (d, s) in row.chunks_mut(64).zip(src.chunks(64)) {
+                let mask = u64::MAX >> (64 - d.len());
+                let v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, s.as_ptr() as *const i8), flipv);
+                _mm512_mask_storeu_epi8(d.as_mut_ptr() as *mut i8, mask, v);
             }
+        }
+        for group in blocks.chunks(MAX_BLOCKS) {
+            let f = match group.len() {
+                1 => Self::blocks::<T, 1>,
+                2 => Self::blocks::<T, 2>,
+                3 => Self::blocks::<T, 3>,
+                4 => Self::blocks::<T, 4>,
+                5 => Self::blocks::<T, 5>,
+                6 => Self::blocks::<T, 6>,
+                7 => Self::blocks::<T, 7>,
+                _ => Self::blocks::<T, 8>,
+            };
+            f(self, ch, buf.as_ptr(), group, positions, dst);
         }
     }
 
-    /// Computes `B` registers of output positions of one row, from position `ox0`: `first`
-    /// points at the padded input byte of position `ox0`'s first tap, `row` at the output
-    /// row. Positions at or past the row's end are computed but not stored.
+    /// Computes the `B` registers `group` of channel `ch`'s band: `buf` points at the band's
+    /// padded input rows, `dst` at its first output. Lanes at or past `positions` are
+    /// computed but not stored.
     ///
     /// # Safety
-    /// As [`Job::item`]; `first` must be followed by the kernel rows (at `dilation x width`
-    /// bytes apart) with 64 readable bytes past each load, and `row` valid for writes of the
-    /// row.
+    /// As [`Job::item`]; every 64-byte load of the registers' taps must lie inside `buf`, and
+    /// `dst` must be valid for writes of `positions` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn row_blocks<T: Out8, const B: usize>(&self, ch: usize, first: *const u8, ox0: usize, row: *mut T) {
+    unsafe fn blocks<T: Out8, const B: usize>(&self, ch: usize, buf: *const u8, group: &[Block], positions: usize, dst: *mut T) {
         let (h, wa) = (self.inp.h, self.inp.w);
-        let (s, d) = (wa.stride, wa.dilation);
-        let idx = _mm512_loadu_si512(self.gather.as_ptr() as *const _);
+        let d = wa.dilation;
+        let idx: [__m512i; B] = std::array::from_fn(|b| _mm512_loadu_si512(self.patterns[group[b].pattern as usize].as_ptr() as *const _));
+        let first: [*const u8; B] = std::array::from_fn(|b| buf.add(group[b].at as usize));
         let with_sums = self.neg_wz[ch] != 0;
         let mut acc = [_mm512_setzero_si512(); B];
         let mut sums = [_mm512_setzero_si512(); B];
         let wrow = self.wq.as_ptr().add(ch * h.kernel * self.runs);
         for ki in 0..h.kernel {
-            let line = first.add(ki * h.dilation * self.width);
+            let line = ki * h.dilation * self.width;
             for r in 0..self.runs {
                 let wv = _mm512_set1_epi32(*wrow.add(ki * self.runs + r));
-                let at = line.add(4 * r * d);
+                let at = line + 4 * r * d;
                 if with_sums {
                     let real = (wa.kernel - 4 * r).min(4);
                     let ones = _mm512_set1_epi32(((u32::MAX >> (32 - 8 * real)) & 0x0101_0101) as i32);
                     for b in 0..B {
-                        let v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(at.add(b * LANES * s) as *const _));
+                        let v = _mm512_permutexvar_epi8(idx[b], _mm512_loadu_si512(first[b].add(at) as *const _));
                         acc[b] = _mm512_dpbusd_epi32(acc[b], v, wv);
                         sums[b] = _mm512_dpbusd_epi32(sums[b], v, ones);
                     }
                 } else {
-                    for (b, a) in acc.iter_mut().enumerate() {
-                        let v = _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(at.add(b * LANES * s) as *const _));
-                        *a = _mm512_dpbusd_epi32(*a, v, wv);
+                    for b in 0..B {
+                        let v = _mm512_permutexvar_epi8(idx[b], _mm512_loadu_si512(first[b].add(at) as *const _));
+                        acc[b] = _mm512_dpbusd_epi32(acc[b], v, wv);
                     }
                 }
             }
         }
         let (k, nz, sc) = (_mm512_set1_epi32(self.konst[ch]), _mm512_set1_epi32(self.neg_wz[ch]), _mm512_set1_ps(self.scale[ch]));
         let (lo, hi, zp) = (_mm512_set1_ps(self.lo), _mm512_set1_ps(self.hi), _mm512_set1_epi32(self.zp));
-        let ow = wa.output;
         for b in 0..B {
-            let at = ox0 + b * LANES;
-            if at >= ow {
-                break;
-            }
-            let n = (ow - at).min(LANES);
+            let start = group[b].start as usize;
+            let n = (group[b].lanes as usize).min(positions - start);
             let mut v = _mm512_add_epi32(acc[b], k);
             if with_sums {
                 v = _mm512_add_epi32(v, _mm512_mullo_epi32(sums[b], nz));
@@ -277,7 +333,7 @@ impl Job<'_> {
             let f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
             let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), zp);
             let mask = if n == LANES { u16::MAX } else { (1u16 << n) - 1 };
-            _mm_mask_storeu_epi8(row.add(at) as *mut i8, mask, _mm512_cvtepi32_epi8(q));
+            _mm_mask_storeu_epi8(dst.add(start) as *mut i8, mask, _mm512_cvtepi32_epi8(q));
         }
     }
 }
@@ -297,7 +353,7 @@ mod tests {
         let pools: Vec<rayon::ThreadPool> = [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
         // (channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
         type Ax = (usize, usize, usize, usize, usize, usize);
-        let cases: [(usize, Ax, Ax); 8] = [
+        let cases: [(usize, Ax, Ax); 13] = [
             (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
             (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
             (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
@@ -306,6 +362,11 @@ mod tests {
             (4, (8, 4, 3, 1, 0, 3), (17, 4, 1, 1, 3, 0)),
             (9, (5, 5, 1, 1, 2, 2), (16, 5, 1, 1, 2, 2)),
             (3, (3, 3, 1, 1, 2, 2), (2, 6, 1, 1, 5, 5)),
+            (17, (7, 5, 1, 1, 2, 2), (7, 5, 1, 1, 2, 2)),
+            (6, (14, 3, 2, 1, 1, 1), (28, 3, 2, 1, 0, 1)),
+            (2, (20, 3, 1, 1, 1, 1), (33, 3, 1, 2, 2, 2)),
+            (1, (2, 1, 1, 1, 0, 0), (3, 1, 1, 1, 0, 0)),
+            (3, (11, 5, 1, 1, 2, 2), (13, 5, 1, 1, 2, 2)),
         ];
         for (ci, &(c, hx, wx)) in cases.iter().enumerate() {
             let h = axis(hx.0, hx.1, hx.2, hx.3, hx.4, hx.5);
@@ -331,14 +392,15 @@ mod tests {
                     w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
                     y_zp: yz,
                 };
+                let dw = DepthwiseW::pack(wt, &w, c, h.kernel, wa.kernel);
                 for pool in &pools {
                     let got: Vec<u8> = pool.install(|| if xt == Int8::U8 {
                         let mut o = vec![0u8; c * h.output * wa.output];
-                        depthwise_requant(&inp, &w, wt, &rq, &mut o, true);
+                        depthwise_requant(&inp, &dw, &rq, &mut o, true);
                         o
                     } else {
                         let mut o = vec![0i8; c * h.output * wa.output];
-                        depthwise_requant(&inp, &w, wt, &rq, &mut o, true);
+                        depthwise_requant(&inp, &dw, &rq, &mut o, true);
                         o.into_iter().map(|v| v as u8).collect()
                     });
                     assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} threads {}", pool.current_num_threads());
