@@ -6,6 +6,7 @@ use super::conv::{Axis, Window};
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
 use super::util::{input, kernel, lane_sum, tensor, threads, vectorized};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+use qforge_ir::DType;
 
 /// Registers the pooling operators.
 pub fn register(r: &mut Registry) {
@@ -37,8 +38,16 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let axes = win.axes(&[ih, iw], &[kh, kw])?;
         let (h, w) = (axes[0], axes[1]);
         let (oh, ow) = (h.output, w.output);
-        let xv = if max { values_f32(x)? } else { to_f32(x)? };
         let (rows, cols) = (Taps::of(h), Taps::of(w));
+        let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
+        if max && !wants_indices {
+            match x.dtype() {
+                DType::U8 => return Ok(vec![tensor(&shape, max_pool_integers(x.as_slice::<u8>()?, u8::MIN, n * c, [ih, iw], [oh, ow], &rows, &cols, [h.dilation, w.dilation]))?]),
+                DType::I8 => return Ok(vec![tensor(&shape, max_pool_integers(x.as_slice::<i8>()?, i8::MIN, n * c, [ih, iw], [oh, ow], &rows, &cols, [h.dilation, w.dilation]))?]),
+                _ => {}
+            }
+        }
+        let xv = if max { values_f32(x)? } else { to_f32(x)? };
         let mut out = vec![0f32; n * c * oh * ow];
         let mut ind = if wants_indices { vec![0i64; out.len()] } else { vec![] };
         let pool_plane = |p: usize, dst: &mut [f32], ind: &mut [i64]| {
@@ -75,13 +84,62 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         } else {
             out.par_chunks_mut(plane_out).enumerate().for_each(|(p, dst)| pool_plane(p, dst, &mut []));
         }
-        let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
         let mut outs = vec![values_from_f32(x.dtype(), &shape, out)?];
         if wants_indices {
             outs.push(tensor(&shape, ind)?);
         }
         Ok(outs)
     })
+}
+
+/// MaxPool of `planes` planes of 8-bit integers (`[ih, iw]` each) into `[oh, ow]`, on the
+/// integers themselves: the largest integer of a window is the integer of its largest real
+/// value under any positive scale. A window with no input (all padding) gives `lowest`, as
+/// the f32 path's -inf saturates to. Planes are split across [`threads`] when large.
+#[allow(clippy::too_many_arguments)]
+fn max_pool_integers<T: Copy + Ord + Send + Sync>(x: &[T], lowest: T, planes: usize, [ih, iw]: [usize; 2], [oh, ow]: [usize; 2], rows: &Taps, cols: &Taps, [dy, dx]: [usize; 2]) -> Vec<T> {
+    let mut out = vec![lowest; planes * oh * ow];
+    // Columns whose windows tile the row from its start (stride = kernel, no left padding, no
+    // dilation): their width.
+    let k = cols.count.first().copied().unwrap_or(0);
+    let tiled = (k > 0 && dx == 1 && (0..ow).all(|o| cols.valid(o) == (o * k, k))).then_some(k);
+    // Per output row: the column maxima over the window's rows (contiguous, vectorizes), then
+    // the maximum over each window's columns.
+    let pool_plane = |p: usize, dst: &mut [T], columns: &mut Vec<T>| {
+        let src = &x[p * ih * iw..][..ih * iw];
+        for (oy, dst) in dst.chunks_exact_mut(ow).enumerate() {
+            let (ys, yn) = rows.valid(oy);
+            columns.clear();
+            columns.resize(iw, lowest);
+            for ky in 0..yn {
+                for (m, &v) in columns.iter_mut().zip(&src[(ys + ky * dy) * iw..][..iw]) {
+                    *m = (*m).max(v);
+                }
+            }
+            match tiled {
+                // Windows side by side: each output is the maximum of its own k columns.
+                Some(2) => dst.iter_mut().zip(columns.chunks_exact(2)).for_each(|(d, w)| *d = w[0].max(w[1])),
+                Some(k) => dst.iter_mut().zip(columns.chunks_exact(k)).for_each(|(d, w)| *d = w.iter().fold(lowest, |b, &v| b.max(v))),
+                None => {
+                    for (ox, d) in dst.iter_mut().enumerate() {
+                        let (xs, xn) = cols.valid(ox);
+                        *d = (0..xn).fold(lowest, |b, kx| b.max(columns[xs + kx * dx]));
+                    }
+                }
+            }
+        }
+    };
+    let plane_out = (oh * ow).max(1);
+    if oh * ow == 0 {
+        return out;
+    }
+    if planes * ih * iw < 1 << 17 || threads() == 1 {
+        let mut columns = Vec::with_capacity(iw);
+        out.chunks_mut(plane_out).enumerate().for_each(|(p, dst)| pool_plane(p, dst, &mut columns));
+    } else {
+        out.par_chunks_mut(plane_out).enumerate().for_each_init(|| Vec::with_capacity(iw), |columns, (p, dst)| pool_plane(p, dst, columns));
+    }
+    out
 }
 
 /// The kernel taps of a pooling window along one axis, per output position: the input index
@@ -101,9 +159,10 @@ impl Taps {
         let mut t = Taps { count: vec![], padded: vec![], start: vec![] };
         for o in 0..a.output {
             let pos = |k: usize| (o * a.stride + k * a.dilation) as isize - a.pad_begin as isize;
-            let inside: Vec<usize> = (0..a.kernel).filter(|&k| pos(k) >= 0 && pos(k) < a.input as isize).collect();
-            t.count.push(inside.len());
-            t.start.push(inside.first().map_or(0, |&k| pos(k) as usize));
+            let mut inside = (0..a.kernel).filter(|&k| pos(k) >= 0 && pos(k) < a.input as isize);
+            let first = inside.next();
+            t.count.push(first.map_or(0, |_| 1 + inside.count()));
+            t.start.push(first.map_or(0, |k| pos(k) as usize));
             t.padded.push((0..a.kernel).filter(|&k| pos(k) < (a.input + a.pad_end) as isize).count());
         }
         t
