@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use qforge_ir::{Model, NodeId, Tensor, ValueId};
 
 use crate::hooks::Hooks;
-use crate::kernels::util::single_threaded;
+use crate::kernels::util::{single_threaded, with_spinning_workers};
 use crate::plan::{Folding, Plan, StepTime};
 use crate::{fold_constants, lower_qoperator_with, LowerLog, LowerOptions, Registry, RuntimeError, RuntimeResult};
 
@@ -198,9 +198,10 @@ impl Session {
     /// one-thread run ([`single_threaded`]) when the session has one thread, which spares
     /// handing the run to a worker and waking the caller when it ends (kernels split their
     /// work through [`crate::kernels::util::threads`] and its helpers, which see one thread
-    /// there); else on the session's pool.
+    /// there); else on the session's pool, whose other workers spin for the work nodes
+    /// split off while the run lasts ([`with_spinning_workers`]).
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads() == 1 { single_threaded(f) } else { self.pool.install(f) }
+        if self.threads() == 1 { single_threaded(f) } else { self.pool.install(|| with_spinning_workers(f)) }
     }
 }
 

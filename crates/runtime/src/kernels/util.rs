@@ -244,6 +244,55 @@ pub fn single_threaded<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// How long a worker lent to [`with_spinning_workers`] waits without finding work before it
+/// goes back to the pool's own sleep.
+const SPIN_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Runs `f` on the calling worker of a rayon pool while every other worker of the pool
+/// spins for work instead of sleeping, so the work kernels split off (through
+/// [`par_chunks_mut`], [`par_steps`] or any rayon join) is taken at once rather than after
+/// waking a sleeping thread, which on a busy machine costs tens of microseconds per split.
+/// A spinning worker runs stolen work as it comes, yields its CPU to other processes between
+/// looks, and stops when `f` returns (or panics), or after [`SPIN_IDLE`] without work.
+/// Outside a pool, or in a one-thread pool, just runs `f`.
+pub fn with_spinning_workers<R>(f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    struct Done(Arc<AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let Some(owner) = rayon::current_thread_index() else { return f() };
+    let done = Done(Arc::new(AtomicBool::new(false)));
+    for _ in 1..rayon::current_num_threads() {
+        let done = done.0.clone();
+        rayon::spawn(move || {
+            // The owner runs this only while it waits inside `f`, where spinning would
+            // keep `f` from going on.
+            if rayon::current_thread_index() == Some(owner) {
+                return;
+            }
+            let mut idle_since: Option<std::time::Instant> = None;
+            while !done.load(Ordering::Acquire) {
+                match rayon::yield_now() {
+                    Some(rayon::Yield::Executed) => idle_since = None,
+                    Some(rayon::Yield::Idle) => {
+                        if idle_since.get_or_insert_with(std::time::Instant::now).elapsed() > SPIN_IDLE {
+                            return;
+                        }
+                        // Lets other processes' threads run, but not this pool's sleep.
+                        std::thread::yield_now();
+                    }
+                    None => return,
+                }
+            }
+        });
+    }
+    f()
+}
+
 /// The threads a kernel may split its work across: 1 inside [`single_threaded`], else
 /// those of the rayon pool the caller runs in.
 pub fn threads() -> usize {
@@ -554,6 +603,8 @@ fn bytemuck_u32(b: &[u8]) -> &[u32] {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     /// Every chunk and every step is visited once with its index, on one thread inside
@@ -587,6 +638,38 @@ mod tests {
             assert_eq!(threads(), 1);
         });
         assert!(!SINGLE_THREADED.get());
+    }
+
+    /// Work split inside `with_spinning_workers` is done completely, run after run, and the
+    /// other worker takes part (within a minute, however busy the machine); a panic in `f`
+    /// propagates and leaves the pool usable; outside a pool `f` just runs.
+    #[test]
+    fn spinning_workers_take_split_work_and_stop() {
+        assert_eq!(with_spinning_workers(|| 7), 7);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let mut helped = false;
+        let start = std::time::Instant::now();
+        for round in 0.. {
+            if round >= 50 && helped {
+                break;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "the second worker never took part");
+            let (sum, threads) = pool.install(|| with_spinning_workers(|| {
+                let ids: std::sync::Mutex<HashSet<usize>> = Default::default();
+                let mut v = vec![0u64; 1 << 16];
+                par_chunks_mut(&mut v, 64, 1, || (), |_, i, c| {
+                    ids.lock().unwrap().insert(rayon::current_thread_index().unwrap());
+                    c.iter_mut().enumerate().for_each(|(k, x)| *x = (i * 64 + k) as u64 + round);
+                });
+                (v.iter().sum::<u64>(), ids.into_inner().unwrap().len())
+            }));
+            let n = 1u64 << 16;
+            assert_eq!(sum, n * (n - 1) / 2 + n * round);
+            helped |= threads == 2;
+        }
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.install(|| with_spinning_workers(|| panic!("in f")))));
+        assert!(caught.is_err());
+        assert_eq!(pool.install(|| with_spinning_workers(|| rayon::join(|| 1, || 2))), (1, 2));
     }
 
     #[test]
