@@ -521,38 +521,13 @@ fn sampled(total: usize, max: usize) -> Vec<usize> {
     (0..max).map(|i| ((i as f64 + 0.5) * step) as usize).collect()
 }
 
-/// The zero-padded patches of a Conv input at (at most `max`) sampled output positions: per group, a
-/// `P × K` matrix (position-major: `x[p * K + i]`, `i` over channel-in-group × kh × kw), and `P`.
+/// The zero-padded patches of a Conv input at (at most `max`) sampled output positions: per
+/// group, a `P × K` matrix (position-major: `x[p * K + i]`, `i` over channel-in-group × kh ×
+/// kw), and `P`.
 fn conv_patches(x: &[f32], shape: &[usize], window: &ConvWindow, groups: usize, width: usize, max: usize) -> Result<(Vec<Vec<f32>>, usize), String> {
     let [size, begin, outs] = window.layout(shape)?;
-    let (batch, channels) = (shape[0], shape[1]);
-    let [kh, kw] = window.kernel;
-    if channels % groups != 0 || (channels / groups) * kh * kw != width {
-        return Err(format!("{channels} channels do not fit the weight ({width} inputs per output, {groups} group(s))"));
-    }
-    let per_group = channels / groups;
-    let plane = size[0] * size[1];
-    let positions = sampled(batch * outs[0] * outs[1], max);
-    let p = positions.len();
-    let mut out = vec![vec![0f32; width * p]; groups];
-    // Group by group, so a depthwise convolution reads one plane at a time.
-    for (gidx, m) in out.iter_mut().enumerate() {
-        for (pi, &pos) in positions.iter().enumerate() {
-            let (b, oy, ox) = (pos / (outs[0] * outs[1]), (pos / outs[1]) % outs[0], pos % outs[1]);
-            let patch = &mut m[pi * width..][..width];
-            for c in 0..per_group {
-                let src = &x[(b * channels + gidx * per_group + c) * plane..][..plane];
-                for ty in 0..kh {
-                    let Some(y) = (oy * window.strides[0] + ty * window.dilations[0]).checked_sub(begin[0]).filter(|&y| y < size[0]) else { continue };
-                    for tx in 0..kw {
-                        let Some(xx) = (ox * window.strides[1] + tx * window.dilations[1]).checked_sub(begin[1]).filter(|&v| v < size[1]) else { continue };
-                        patch[(c * kh + ty) * kw + tx] = src[y * size[1] + xx];
-                    }
-                }
-            }
-        }
-    }
-    Ok((out, p))
+    let source = |a: usize, o: usize, t: usize| (o * window.strides[a] + t * window.dilations[a]).checked_sub(begin[a]).filter(|&v| v < size[a]);
+    gather(x, shape, size, outs, window.kernel, groups, width, max, source)
 }
 
 /// The inputs of a transposed convolution that reach (at most `max`) sampled output positions:
@@ -563,27 +538,35 @@ fn transposed_patches(x: &[f32], shape: &[usize], window: &ConvWindow, groups: u
         return Err(format!("rank {} does not fit a {}-D convolution", shape.len(), window.spatial));
     }
     let Pads::Explicit(pads) = window.pads else { return Err("the pads are not explicit".into()) };
-    let (batch, channels) = (shape[0], shape[1]);
     let size = if window.spatial == 1 { [1, shape[2]] } else { [shape[2], shape[3]] };
-    let [kh, kw] = window.kernel;
-    if channels % groups != 0 || (channels / groups) * kh * kw != width {
-        return Err(format!("{channels} channels do not fit the weight ({width} inputs per output, {groups} group(s))"));
-    }
     let mut outs = [0; 2];
     for a in 0..2 {
         let full = (size[a] - 1) * window.strides[a] + (window.kernel[a] - 1) * window.dilations[a] + 1 + output_padding[a];
         outs[a] = full.checked_sub(pads[a] + pads[a + 2]).ok_or("the pads are larger than the output")?;
     }
-    // The input position tap `t` of axis `a` reads for output position `o`, if any.
     let source = |a: usize, o: usize, t: usize| -> Option<usize> {
         let v = (o + pads[a]).checked_sub(t * window.dilations[a])?;
         (v % window.strides[a] == 0 && v / window.strides[a] < size[a]).then_some(v / window.strides[a])
     };
+    gather(x, shape, size, outs, window.kernel, groups, width, max, source)
+}
+
+/// Per group, the `P × K` position-major matrix of what each kernel tap brings to (at most
+/// `max`) sampled output positions of an `outs`-sized output, from an NC(H)W input `x` of
+/// spatial `size`; `source(axis, output index, tap)` is the input index a tap reads along an
+/// axis, if any (0 where there is none). Returns the matrices and `P`.
+#[allow(clippy::too_many_arguments)]
+fn gather(x: &[f32], shape: &[usize], size: [usize; 2], outs: [usize; 2], [kh, kw]: [usize; 2], groups: usize, width: usize, max: usize, source: impl Fn(usize, usize, usize) -> Option<usize>) -> Result<(Vec<Vec<f32>>, usize), String> {
+    let (batch, channels) = (shape[0], shape[1]);
+    if channels % groups != 0 || (channels / groups) * kh * kw != width {
+        return Err(format!("{channels} channels do not fit the weight ({width} inputs per output, {groups} group(s))"));
+    }
     let per_group = channels / groups;
     let plane = size[0] * size[1];
     let positions = sampled(batch * outs[0] * outs[1], max);
     let p = positions.len();
     let mut out = vec![vec![0f32; width * p]; groups];
+    // Group by group, so a depthwise convolution reads one plane at a time.
     for (gidx, m) in out.iter_mut().enumerate() {
         for (pi, &pos) in positions.iter().enumerate() {
             let (b, oy, ox) = (pos / (outs[0] * outs[1]), (pos / outs[1]) % outs[0], pos % outs[1]);
