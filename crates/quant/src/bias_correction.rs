@@ -230,7 +230,7 @@ impl InputMeans {
 
     /// Streams one produced value into the nodes reading it.
     pub(crate) fn observe(&mut self, event: &ValueEvent, value: &Tensor) {
-        let Some(gi) = self.paths.iter().position(|p| p.len() == event.path.len() && p.iter().zip(event.path).all(|(a, b)| a.0 == b.0 && a.1 == b.1)) else { return };
+        let Some(gi) = plan_graph_of(&self.paths, event) else { return };
         let Some(readers) = self.watch.get(&(gi, event.value)) else { return };
         for id in readers.clone() {
             let m = self.nodes.get_mut(&(gi, id)).expect("watched nodes have statistics");
@@ -299,6 +299,11 @@ impl InputMeans {
             }
         }
     }
+}
+
+/// The index in `paths` (a plan's graph paths) of the graph a value event comes from.
+pub(crate) fn plan_graph_of(paths: &[GraphPath], event: &ValueEvent) -> Option<usize> {
+    paths.iter().position(|p| p.len() == event.path.len() && p.iter().zip(event.path).all(|(a, b)| a.0 == b.0 && a.1 == b.1))
 }
 
 /// Sums of a Conv input under each tap: `[C, kh, kw]`, and the number of output positions.

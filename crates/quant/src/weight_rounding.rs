@@ -38,7 +38,7 @@ use qforge_runtime::kernels::gemm::{sgemm, MatRef};
 use qforge_runtime::ValueEvent;
 use rayon::prelude::*;
 
-use crate::bias_correction::{ConvWindow, Pads};
+use crate::bias_correction::{plan_graph_of, ConvWindow, Pads};
 use crate::prepare::QuantPlan;
 use crate::spec::Spec;
 use crate::QType;
@@ -249,7 +249,7 @@ impl InputGrams {
 
     /// Streams one produced value into the nodes reading it.
     pub(crate) fn observe(&mut self, event: &ValueEvent, value: &Tensor) {
-        let Some(gi) = self.paths.iter().position(|p| p.len() == event.path.len() && p.iter().zip(event.path).all(|(a, b)| a.0 == b.0 && a.1 == b.1)) else { return };
+        let Some(gi) = plan_graph_of(&self.paths, event) else { return };
         let Some(readers) = self.watch.get(&(gi, event.value)) else { return };
         for id in readers.clone() {
             let m = self.nodes.get_mut(&(gi, id)).expect("watched nodes have statistics");
