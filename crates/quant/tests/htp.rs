@@ -16,7 +16,7 @@ use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, Precision, Precisio
 use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
 use qforge_quant::quantizer::Quantizer;
 use qforge_quant::report::Report;
-use qforge_testkit::{compare, make_inputs, ort_run_with, repo, TempDir};
+use qforge_testkit::{compare, make_inputs, ort_run_qdq, ort_run_with, repo, TempDir};
 
 use qforge_testkit::noise;
 
@@ -552,7 +552,7 @@ fn values_read_from_an_enclosing_graph_are_quantized_inside_if_bodies() {
     assert!(check.status.success(), "onnx.checker: {}", String::from_utf8_lossy(&check.stdout));
     let feed = samples[0].clone();
     let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
-    let theirs = ort_run_with(&path, &feed, 1, true);
+    let theirs = ort_run_qdq(&path, &feed, 1);
     let step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
     for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
         let (worst, ok) = compare(a, b, 0.0, step as f64);

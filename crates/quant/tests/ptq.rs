@@ -10,7 +10,7 @@ use qforge_quant::qconfig::RangeName;
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
 use qforge_quant::report::Report;
 use qforge_quant::{Convention, QScheme, QType};
-use qforge_testkit::{compare, make_inputs, ort_run_with, real_models, TempDir};
+use qforge_testkit::{compare, make_inputs, ort_run_qdq, ort_run_with, real_models, TempDir};
 
 use qforge_testkit::noise;
 
@@ -197,7 +197,7 @@ fn xnnpack_target_is_symmetric_int8_with_its_constraints() {
     qforge_onnx::save(&q, &path).unwrap();
     let feed = vec![("x".to_string(), Tensor::from_vec(&[1, 3, 8, 8], noise(5, 192, -1.0, 1.0)).unwrap())];
     let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
-    let theirs = ort_run_with(&path, &feed, 1, true);
+    let theirs = ort_run_qdq(&path, &feed, 1);
     let step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
     let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64);
     assert!(ok, "qforge and ORT differ by {worst}, more than one step {step}");
@@ -349,7 +349,7 @@ fn if_branches_are_calibrated_and_quantized() {
     qforge_onnx::save(&q, &path).unwrap();
     let feed = vec![("x".to_string(), Tensor::from_vec(&[1, 3, 4, 4], noise(99, 48, -1.0, 1.0)).unwrap())];
     let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
-    let theirs = ort_run_with(&path, &feed, 1, true);
+    let theirs = ort_run_qdq(&path, &feed, 1);
     let coarsest_step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
     for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
         let (worst, ok) = compare(a, b, 0.0, coarsest_step as f64);

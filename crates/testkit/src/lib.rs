@@ -80,6 +80,22 @@ pub fn committed_models() -> Vec<RealModel> {
     models_in(&repo().join("models"))
 }
 
+/// Whether ONNX Runtime's u8 activation x s8 weight products are exact on this CPU. Without
+/// VNNI, MLAS's x86 u8 x s8 kernels (QGEMM and the symmetric convolution kernels, AVX2 and
+/// AVX-512 without VNNI) multiply with `vpmaddubsw`, which adds two products into a
+/// *saturating* 16-bit sum: `255 * 127 + 255 * 127 = 64770` is clamped to 32767 (ONNX Runtime's
+/// quantization guide names this and suggests `reduce_range`). qforge accumulates exactly in
+/// 32 bits on every CPU, so where ONNX Runtime saturates the two differ. With AVX-512 VNNI or
+/// AVX-VNNI (`vpdpbusd`), and off x86, ONNX Runtime is exact. Tests that compare with ONNX
+/// Runtime bit for bit keep s8 weights against u8 data within `[-64, 64]` when this is false:
+/// `2 * 255 * 64 = 32640` cannot saturate.
+pub fn ort_u8s8_exact() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512vnni") || std::arch::is_x86_feature_detected!("avxvnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    return true;
+}
+
 /// Runs `scripts/oracle/<script>` with the test venv's Python.
 pub fn oracle(script: &str, args: &[&std::ffi::OsStr]) -> Output {
     Command::new(python()).arg(repo().join("scripts/oracle").join(script)).args(args).output().expect("python runs")
@@ -199,6 +215,13 @@ pub fn int8_tensor(d: qforge_ir::DType, shape: &[usize], v: &[i64]) -> qforge_ir
 /// Runs a model in ONNX Runtime on the given inputs and returns its outputs by name.
 pub fn ort_run(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize) -> Vec<(String, qforge_ir::Tensor)> {
     ort_run_with(model, inputs, threads, true)
+}
+
+/// [`ort_run`] for a QDQ model whose result qforge must reproduce: with ONNX Runtime's fusions
+/// into integer kernels where those are exact on this CPU ([`ort_u8s8_exact`]), else with
+/// optimizations off, so that ONNX Runtime runs the Q/DQ nodes as written.
+pub fn ort_run_qdq(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize) -> Vec<(String, qforge_ir::Tensor)> {
+    ort_run_with(model, inputs, threads, ort_u8s8_exact())
 }
 
 /// [`ort_run`], with ONNX Runtime's graph optimizations (fusions) on or off.
