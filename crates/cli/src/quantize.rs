@@ -128,6 +128,11 @@ pub struct QuantizerArgs {
     /// One weight scale per tensor.
     #[arg(long)]
     pub per_tensor: bool,
+    /// Weights on 7 bits (int8 within [-64, 64], ONNX Runtime's `reduce_range`). On x86 CPUs
+    /// without VNNI, ONNX Runtime's u8 x s8 kernels add two products into a saturating 16-bit
+    /// sum; 7-bit weights keep every such sum exact.
+    #[arg(long)]
+    pub reduce_range: bool,
     /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
     #[arg(long, value_name = "NAME|REGEX")]
     pub exclude: Vec<String>,
@@ -159,6 +164,10 @@ fn mapping(args: &QuantizerArgs, backend: &BackendConfig) -> Result<QConfigMappi
     if m.global.is_none() {
         m.global = Some(default_qconfig(backend, method(&args.method)?, !args.per_tensor));
     }
+    if args.reduce_range {
+        let global = m.global.as_mut().and_then(|q| q.weight.as_mut());
+        global.context("--reduce-range: the global qconfig quantizes no weights")?.reduce_range = true;
+    }
     exclude(&mut m, &args.exclude)?;
     Ok(m)
 }
@@ -179,6 +188,9 @@ fn exclude(m: &mut QConfigMapping, entries: &[String]) -> Result<()> {
 /// The HTP quantizer for `--backend htp`: `--precision` for every node, the `--config`
 /// overrides, `--exclude`, validated against `--soc`.
 fn htp_quantizer(args: &QuantizerArgs) -> Result<HtpQuantizer> {
+    if args.reduce_range {
+        bail!("--reduce-range is not available with --backend htp: its precisions (--precision) fix the weight widths");
+    }
     if args.per_tensor {
         bail!("--per-tensor is not available with --backend htp: HTP weights are per channel (or per block with 16a4w-block)");
     }

@@ -9,7 +9,7 @@
 //! * ONNX Runtime's own QDQ model (its static quantizer), likewise.
 //!
 //! On a CPU where ONNX Runtime's u8 x s8 kernels are not exact (see `ort_u8s8_exact`), the
-//! models are quantized with weights in the reduced range `[-64, 63]`, where its arithmetic is
+//! models are quantized with weights in the reduced range `[-64, 64]`, where its arithmetic is
 //! exact, so that the comparison still covers every kernel.
 
 mod common;
@@ -39,14 +39,6 @@ fn samples(dir: &Path, m: &RealModel, count: usize) -> Vec<String> {
     first
 }
 
-/// A `--config` for qforge's quantizer: the `ort` backend's defaults with weights in the
-/// reduced range `[-64, 63]`, where no two u8 x s8 products sum past 32767 (`2 * 255 * 64`).
-const REDUCED_RANGE_CONFIG: &str = r#"
-[global]
-activation = { dtype = "u8" }
-weight = { dtype = "s8", symmetric = true, per_channel = true, reduce_range = true }
-"#;
-
 /// Who quantizes the model under test, and in which format.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Form {
@@ -64,8 +56,6 @@ fn integers_match(name: &str, form: Form) -> usize {
     let feeds = samples(&calib, &m, 4);
     let lowered = tmp.path().join("quantized.onnx");
     let reduce_range = !ort_u8s8_exact();
-    let config = tmp.path().join("reduced_range.toml");
-    std::fs::write(&config, REDUCED_RANGE_CONFIG).unwrap();
     let out = match form {
         Form::OrtQdq => {
             let mut args = vec![m.path.as_os_str(), calib.as_os_str(), lowered.as_os_str()];
@@ -78,7 +68,7 @@ fn integers_match(name: &str, form: Form) -> usize {
             let format = if form == Form::QforgeQOperator { "qoperator" } else { "qdq" };
             let mut args = vec![OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new(format)];
             if reduce_range {
-                args.extend([OsStr::new("--config"), config.as_os_str()]);
+                args.push(OsStr::new("--reduce-range"));
             }
             qforge(&args)
         }
@@ -120,7 +110,7 @@ const MODELS: [(&str, usize); 4] = [("ocr_cls", 50), ("orientation", 50), ("ocr_
 /// [`integers_match`] on each of `models` in `form`, each comparing at least its count.
 fn all_match(form: Form, models: &[(&str, usize)]) {
     if !ort_u8s8_exact() {
-        println!("this CPU has no VNNI: ONNX Runtime's u8 x s8 products saturate, so weights use the reduced range [-64, 63]");
+        println!("this CPU has no VNNI: ONNX Runtime's u8 x s8 products saturate, so weights use the reduced range [-64, 64]");
     }
     for &(name, at_least) in models {
         let n = integers_match(name, form);

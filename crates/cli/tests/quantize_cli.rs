@@ -173,3 +173,27 @@ fn bias_correction_weight_range_search_and_gptq_are_off_by_default_and_reported_
         assert!(!shift.is_empty() && shift.iter().all(|v| v.as_f64().is_some_and(f64::is_finite)), "{c}");
     }
 }
+
+#[test]
+fn reduce_range_keeps_int8_weights_within_7_bits() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_rr");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 4, |_, _| {});
+    let widest = |flags: &[&str]| -> i64 {
+        let out = tmp.path().join("q.onnx");
+        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()];
+        args.extend(flags.iter().map(|f| std::ffi::OsStr::new(*f)));
+        let o = qforge(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let g = qforge_onnx::load(&out).unwrap().graph;
+        let weights: Vec<i64> = g.values().filter_map(|(_, v)| v.initializer()).filter(|t| t.dtype() == qforge_ir::DType::I8)
+            .flat_map(|t| t.to_i64_vec().unwrap()).collect();
+        assert!(weights.len() > 10_000, "ocr_cls's int8 weights");
+        weights.iter().map(|w| w.abs()).max().unwrap()
+    };
+    assert_eq!(widest(&[]), 127, "8-bit symmetric weights by default");
+    assert_eq!(widest(&["--reduce-range"]), 64, "7-bit weights: ONNX Runtime's reduced int8 range");
+    let bad = qforge(&[m.path.as_os_str(), "-o".as_ref(), tmp.path().join("h.onnx").as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--backend".as_ref(), "htp".as_ref(), "--reduce-range".as_ref()]);
+    assert!(!bad.status.success() && stderr(&bad).contains("--reduce-range is not available with --backend htp"), "{}", stderr(&bad));
+}
