@@ -641,7 +641,7 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [MaybeUni
                 return unsafe { depthwise_channel_avx2(&geo, buf, k, b, out, at, rest, scratch) };
             }
         }
-        depthwise_channel::<false>(&geo, buf, k, b, out, at, rest, scratch)
+        depthwise_channel(&geo, buf, k, b, out, at, rest, scratch)
     });
 }
 
@@ -784,7 +784,7 @@ impl Padded {
 }
 
 /// `a[k] = src[2k]`, `b[k] = src[2k + 1]` (`src` twice as long as `a` and `b`), sixteen
-/// pairs per shuffle with AVX-512F.
+/// pairs per shuffle with AVX-512F, eight with AVX2.
 #[inline(always)]
 fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
     assert!(a.len() == b.len() && src.len() == 2 * a.len(), "src holds one pair per output");
@@ -793,6 +793,9 @@ fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU supports AVX-512F (checked just above); lengths asserted above.
         done = unsafe { deinterleave_avx512(a, b, src) };
+    } else if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above); lengths asserted above.
+        done = unsafe { deinterleave_avx2(a, b, src) };
     }
     for ((x, y), pair) in a[done..].iter_mut().zip(b[done..].iter_mut()).zip(src[2 * done..].chunks_exact(2)) {
         *x = pair[0];
@@ -829,6 +832,33 @@ unsafe fn deinterleave_avx512(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usiz
         }
     }
     n
+}
+
+/// [`deinterleave_pairs`] with AVX2 on blocks of eight pairs; returns how many pairs it
+/// wrote (the pairs after the last whole block are left to the caller).
+///
+/// # Safety
+/// The CPU must support AVX2; `b` is as long as `a` and `src` twice as long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn deinterleave_avx2(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let blocks = a.len() / AVX2_LANES;
+    for k in (0..blocks * AVX2_LANES).step_by(AVX2_LANES) {
+        // SAFETY: `src[2k .. 2k + 16]`, `a[k .. k + 8]` and `b[k .. k + 8]` are inside the
+        // slices (whole blocks only, the caller's lengths); unaligned accesses are allowed.
+        unsafe {
+            let lo = _mm256_loadu_ps(src.as_ptr().add(2 * k));
+            let hi = _mm256_loadu_ps(src.as_ptr().add(2 * k + AVX2_LANES));
+            // Per 128-bit half: the even (odd) values of `lo` then of `hi`; the 64-bit
+            // quarters are then put in order.
+            let even = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(lo, hi))));
+            let odd = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(lo, hi))));
+            _mm256_storeu_ps(a.as_mut_ptr().add(k), even);
+            _mm256_storeu_ps(b.as_mut_ptr().add(k), odd);
+        }
+    }
+    blocks * AVX2_LANES
 }
 
 /// [`depthwise_channel`] with AVX-512F intrinsics: each chunk of 16 output columns is one
@@ -903,31 +933,114 @@ unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf:
     }
 }
 
-/// [`depthwise_channel`] compiled for AVX2 and FMA.
+/// [`depthwise_channel`] with AVX2 and FMA intrinsics: rows are computed a few at a time
+/// in steps of one or two 8-lane registers of columns (one when the output is at most 8
+/// columns wide), eight sums per step; columns past the output are computed from padding
+/// and not stored.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn depthwise_channel_avx2(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
-    depthwise_channel::<true>(d, buf, k, bias, out, at, fin, scratch)
+    if d.wa.output <= AVX2_LANES {
+        depthwise_rows_avx2::<1, 8>(d, buf, k, bias, out, at, fin, scratch)
+    } else {
+        depthwise_rows_avx2::<2, 4>(d, buf, k, bias, out, at, fin, scratch)
+    }
+}
+
+/// Lanes of an AVX2 register of f32.
+const AVX2_LANES: usize = 8;
+
+/// [`depthwise_channel_avx2`] with `V` registers of [`AVX2_LANES`] columns of `R` rows
+/// per step.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `V * AVX2_LANES` divides the width `d` pads rows to.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_rows_avx2<const V: usize, const R: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
+    use std::arch::x86_64::*;
+    let (h, wa) = (d.h, d.wa);
+    let (oh, ow, kw, s) = (h.output, wa.output, wa.kernel, wa.stride);
+    let row_len = s * d.len;
+    let step = V * AVX2_LANES;
+    assert!(buf.len() >= d.rows * row_len && k.len() >= h.kernel * kw && out.len() >= oh * ow);
+    assert!((d.chunks * LANES) % step == 0, "steps tile the padded width");
+    let rows_per_finish = 512usize.div_ceil(ow).next_multiple_of(R);
+    let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut unfinished = 0;
+    for oy0 in (0..oh).step_by(R) {
+        // Rows past the last are computed from clamped rows and not stored.
+        let rows: [usize; R] = std::array::from_fn(|r| (oy0 + r).min(oh - 1) * h.stride * row_len);
+        for x0 in (0..ow).step_by(step) {
+            let mut acc = [[_mm256_set1_ps(bias); V]; R];
+            for (&off, &wt) in d.offsets.iter().zip(k) {
+                let wv = _mm256_set1_ps(wt);
+                for (row_acc, &first) in acc.iter_mut().zip(&rows) {
+                    // SAFETY: `Padded` sizes each phase row to hold every chunk of the
+                    // rounded-up output width (a multiple of `step`, asserted above) plus
+                    // the largest tap shift, and `buf` holds `rows` rows (asserted above),
+                    // so all `step` values are inside.
+                    let src = unsafe { buf.as_ptr().add(first + off + x0) };
+                    for (c, a) in row_acc.iter_mut().enumerate() {
+                        // SAFETY: see above; unaligned loads are allowed.
+                        *a = _mm256_fmadd_ps(wv, unsafe { _mm256_loadu_ps(src.add(c * AVX2_LANES)) }, *a);
+                    }
+                }
+            }
+            for (r, row_acc) in acc.iter().enumerate() {
+                if oy0 + r >= oh {
+                    break;
+                }
+                let dst = (oy0 + r) * ow;
+                for (c, a) in row_acc.iter().enumerate() {
+                    let first = x0 + c * AVX2_LANES;
+                    if first >= ow {
+                        break;
+                    }
+                    // SAFETY: `first` is inside this output row, inside `out` (asserted
+                    // above); a partial register is stored through a mask of the columns
+                    // left in the row.
+                    unsafe {
+                        let p = out.as_mut_ptr().add(dst + first).cast::<f32>();
+                        if ow - first >= AVX2_LANES {
+                            _mm256_storeu_ps(p, *a);
+                        } else {
+                            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((ow - first) as i32), lane_index);
+                            _mm256_maskstore_ps(p, mask, *a);
+                        }
+                    }
+                }
+            }
+        }
+        let done = (oy0 + R).min(oh);
+        if done - unfinished >= rows_per_finish || done == oh {
+            // SAFETY: rows up to `done` are stored above.
+            fin.apply(unsafe { assume_init_mut(&mut out[unfinished * ow..done * ow]) }, at + unfinished * ow, scratch);
+            unfinished = done;
+        }
+    }
 }
 
 /// Writes one channel's window sums to `out` (output element `at` onward) from its padded
-/// copy `buf`, finishing rows in groups of at least 512 elements. `FMA`: multiply-adds
-/// are fused (only where the CPU has FMA).
-#[inline(always)]
+/// copy `buf`, finishing rows in groups of at least 512 elements.
 #[allow(clippy::too_many_arguments)]
-fn depthwise_channel<const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
+fn depthwise_channel(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     match d.chunks {
-        1 => depthwise_rows::<1, FMA>(d, buf, k, bias, out, at, fin, scratch),
-        2 => depthwise_rows::<2, FMA>(d, buf, k, bias, out, at, fin, scratch),
-        _ => depthwise_rows::<4, FMA>(d, buf, k, bias, out, at, fin, scratch),
+        1 => depthwise_rows::<1>(d, buf, k, bias, out, at, fin, scratch),
+        2 => depthwise_rows::<2>(d, buf, k, bias, out, at, fin, scratch),
+        _ => depthwise_rows::<4>(d, buf, k, bias, out, at, fin, scratch),
     }
 }
 
 /// [`depthwise_channel`] with `C` chunks of [`LANES`] columns computed together.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
+fn depthwise_rows<const C: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     let (h, wa) = (d.h, d.wa);
     let (ow, kw, s) = (wa.output, wa.kernel, wa.stride);
     let row_len = s * d.len;
@@ -944,8 +1057,7 @@ fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &
                     let src = &row[phase * d.len + x0 + shift..][..C * LANES];
                     for (c, a) in acc.iter_mut().enumerate() {
                         for (l, v) in a.iter_mut().enumerate() {
-                            let x = src[c * LANES + l];
-                            *v = if FMA { wt.mul_add(x, *v) } else { *v + wt * x };
+                            *v += wt * src[c * LANES + l];
                         }
                     }
                 }
@@ -1308,6 +1420,12 @@ mod tests {
             ([1, 128, 14, 14], [128, 1, 5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 128),
             ([1, 24, 19, 37], [24, 1, 3, 3], [1, 1], [1, 1], [0, 2, 1, 0], 24),
             ([1, 32, 15, 15], [32, 1, 3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 32),
+            // Depthwise rows no wider than one AVX2 register over a row count that is not a
+            // multiple of the rows per step; dilated rows with a partial last register;
+            // strided rows of whole and partial 8-pair blocks.
+            ([1, 10, 11, 5], [10, 1, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 10),
+            ([1, 9, 13, 23], [9, 1, 3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 9),
+            ([1, 7, 9, 41], [7, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 7),
             // A grouped dense conv wide enough for the direct kernel, two images.
             ([2, 6, 10, 40], [12, 3, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
             // Pointwise over few positions (split by output channel) and over many.
