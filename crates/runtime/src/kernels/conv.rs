@@ -297,11 +297,11 @@ fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usi
 /// An epilogue program and its inputs after the first, as data and shape.
 type Epilogue<'a> = Option<(&'a Program, &'a [(&'a [f32], &'a [usize])])>;
 
-/// Whether [`conv_direct`] runs here (it needs AVX-512F).
+/// Whether [`conv_direct`] runs here (it needs AVX-512F, or AVX2 and FMA).
 fn direct_conv_applies() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        std::arch::is_x86_feature_detected!("avx512f") || (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -318,7 +318,8 @@ const DIRECT_MB: usize = 8;
 /// output row is computed one or two 16-column chunks at a time for a block of channels,
 /// with the sums in registers over every tap of every input channel. Written to `dst`
 /// (`mg` channel planes; its first element is output element `base`) and finished in
-/// groups of rows; groups run in parallel. Needs AVX-512F ([`direct_conv_applies`]).
+/// groups of rows; groups run in parallel. Needs AVX-512F, or AVX2 and FMA
+/// ([`direct_conv_applies`]).
 #[allow(clippy::too_many_arguments)]
 fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     let (oh, ow) = (h.output, wa.output);
@@ -331,12 +332,19 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     let chan = geo.channel_len();
     let mut padded = vec![0f32; cg * chan];
     let plane_in = h.input * wa.input;
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     par_chunks_mut(&mut padded, chan, min_items(chan * ELEMENT_WORK), || (), |_, c, buf| {
+        let channel = &src[c * plane_in..(c + 1) * plane_in];
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
-        unsafe {
-            geo.fill_into_avx512(&src[c * plane_in..(c + 1) * plane_in], buf)
+        if avx512 {
+            // SAFETY: the CPU supports AVX-512F, detected above.
+            unsafe { geo.fill_into_avx512(channel, buf) }
+        } else {
+            geo.fill_into(channel, buf)
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        geo.fill_into(channel, buf);
     });
     let taps = cg * h.kernel * wa.kernel;
     let packed = pack_direct(weights, mg, taps);
@@ -350,11 +358,13 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     par_steps(oh, rows_per_task, min_items(rows_per_task * ow * mg * taps), Scratch::new, |scratch, r0| {
         let r1 = (r0 + rows_per_task).min(oh);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F; rows
-        // `r0..r1` of every channel plane lie inside the output (asserted above) and
-        // belong to this task alone.
+        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F, or else
+        // AVX2 and FMA; rows `r0..r1` of every channel plane lie inside the output
+        // (asserted above) and belong to this task alone.
         unsafe {
-            if nx == 1 {
+            if !avx512 {
+                direct_rows_avx2(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
+            } else if nx == 1 {
                 direct_rows_avx512::<1>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
             } else {
                 direct_rows_avx512::<2>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
@@ -440,6 +450,78 @@ unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: 
                         // SAFETY: the mask keeps the store to the `n` columns left in this
                         // row of channel `ch`, one of the caller's rows.
                         unsafe { _mm512_mask_storeu_ps(out.add(ch * plane + r * ow + first), mask, a[m]) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`direct_rows_avx512`] with AVX2 and FMA: each step computes half a block of
+/// [`DIRECT_MB`] output channels over two 8-lane registers of columns (sixteen columns of
+/// `geo`'s chunks), the sums in registers over every tap of every input channel.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; otherwise as [`direct_rows_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct_rows_avx2(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], bias: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
+    use std::arch::x86_64::*;
+    const HALF: usize = DIRECT_MB / 2;
+    const STEP: usize = 2 * AVX2_LANES;
+    let (h, wa) = (geo.h, geo.wa);
+    let (ow, kh, kw, s) = (wa.output, h.kernel, wa.kernel, wa.stride);
+    let chan = geo.channel_len();
+    let row_len = s * geo.len;
+    let taps = cg * kh * kw;
+    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB && bias.len() >= mg.next_multiple_of(DIRECT_MB));
+    assert!(rows.end <= h.output && (geo.chunks * LANES) % STEP == 0);
+    let offsets = &geo.offsets;
+    let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (r, oy) in rows.clone().enumerate() {
+        for m0 in (0..mg).step_by(HALF) {
+            let (blk, lane0) = (m0 / DIRECT_MB, m0 % DIRECT_MB);
+            let wblk = &packed[blk * taps * DIRECT_MB..(blk + 1) * taps * DIRECT_MB];
+            for x0 in (0..ow).step_by(STEP) {
+                let mut acc: [[__m256; 2]; HALF] = std::array::from_fn(|m| [_mm256_set1_ps(bias[m0 + m]); 2]);
+                for c in 0..cg {
+                    let row0 = c * chan + oy * h.stride * row_len + x0;
+                    let wc = &wblk[c * kh * kw * DIRECT_MB..(c + 1) * kh * kw * DIRECT_MB];
+                    for (t, &off) in offsets.iter().enumerate() {
+                        // SAFETY: `Padded` sizes rows for every chunk of the rounded-up
+                        // output width (a multiple of `STEP`, asserted above) plus the
+                        // largest tap shift, and every row this reads is below `rows` rows
+                        // of channel `c` (asserted above); unaligned loads are allowed.
+                        let x = unsafe {
+                            let p = padded.as_ptr().add(row0 + off);
+                            [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(AVX2_LANES))]
+                        };
+                        let w = &wc[t * DIRECT_MB + lane0..t * DIRECT_MB + lane0 + HALF];
+                        for (a, &wm) in acc.iter_mut().zip(w) {
+                            let wv = _mm256_set1_ps(wm);
+                            a[0] = _mm256_fmadd_ps(x[0], wv, a[0]);
+                            a[1] = _mm256_fmadd_ps(x[1], wv, a[1]);
+                        }
+                    }
+                }
+                for (m, a) in acc.iter().enumerate().take(mg - m0) {
+                    for (i, v) in a.iter().enumerate() {
+                        let first = x0 + i * AVX2_LANES;
+                        if first >= ow {
+                            break;
+                        }
+                        // SAFETY: `first` is inside row `r` of channel `m0 + m`'s plane,
+                        // one of the caller's rows; a partial register is stored through a
+                        // mask of the columns left in the row.
+                        unsafe {
+                            let p = out.add((m0 + m) * plane + r * ow + first);
+                            if ow - first >= AVX2_LANES {
+                                _mm256_storeu_ps(p, *v);
+                            } else {
+                                _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((ow - first) as i32), lane_index), *v);
+                            }
+                        }
                     }
                 }
             }
