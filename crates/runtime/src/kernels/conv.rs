@@ -297,11 +297,11 @@ fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usi
 /// An epilogue program and its inputs after the first, as data and shape.
 type Epilogue<'a> = Option<(&'a Program, &'a [(&'a [f32], &'a [usize])])>;
 
-/// Whether [`conv_direct`] runs here (it needs AVX-512F).
+/// Whether [`conv_direct`] runs here (it needs AVX-512F, or AVX2 and FMA).
 fn direct_conv_applies() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        std::arch::is_x86_feature_detected!("avx512f") || (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -318,7 +318,8 @@ const DIRECT_MB: usize = 8;
 /// output row is computed one or two 16-column chunks at a time for a block of channels,
 /// with the sums in registers over every tap of every input channel. Written to `dst`
 /// (`mg` channel planes; its first element is output element `base`) and finished in
-/// groups of rows; groups run in parallel. Needs AVX-512F ([`direct_conv_applies`]).
+/// groups of rows; groups run in parallel. Needs AVX-512F, or AVX2 and FMA
+/// ([`direct_conv_applies`]).
 #[allow(clippy::too_many_arguments)]
 fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
     let (oh, ow) = (h.output, wa.output);
@@ -331,12 +332,19 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     let chan = geo.channel_len();
     let mut padded = vec![0f32; cg * chan];
     let plane_in = h.input * wa.input;
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     par_chunks_mut(&mut padded, chan, min_items(chan * ELEMENT_WORK), || (), |_, c, buf| {
+        let channel = &src[c * plane_in..(c + 1) * plane_in];
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F.
-        unsafe {
-            geo.fill_into_avx512(&src[c * plane_in..(c + 1) * plane_in], buf)
+        if avx512 {
+            // SAFETY: the CPU supports AVX-512F, detected above.
+            unsafe { geo.fill_into_avx512(channel, buf) }
+        } else {
+            geo.fill_into(channel, buf)
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        geo.fill_into(channel, buf);
     });
     let taps = cg * h.kernel * wa.kernel;
     let packed = pack_direct(weights, mg, taps);
@@ -350,11 +358,13 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
     par_steps(oh, rows_per_task, min_items(rows_per_task * ow * mg * taps), Scratch::new, |scratch, r0| {
         let r1 = (r0 + rows_per_task).min(oh);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F; rows
-        // `r0..r1` of every channel plane lie inside the output (asserted above) and
-        // belong to this task alone.
+        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F, or else
+        // AVX2 and FMA; rows `r0..r1` of every channel plane lie inside the output
+        // (asserted above) and belong to this task alone.
         unsafe {
-            if nx == 1 {
+            if !avx512 {
+                direct_rows_avx2(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
+            } else if nx == 1 {
                 direct_rows_avx512::<1>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
             } else {
                 direct_rows_avx512::<2>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
@@ -440,6 +450,78 @@ unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: 
                         // SAFETY: the mask keeps the store to the `n` columns left in this
                         // row of channel `ch`, one of the caller's rows.
                         unsafe { _mm512_mask_storeu_ps(out.add(ch * plane + r * ow + first), mask, a[m]) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`direct_rows_avx512`] with AVX2 and FMA: each step computes half a block of
+/// [`DIRECT_MB`] output channels over two 8-lane registers of columns (sixteen columns of
+/// `geo`'s chunks), the sums in registers over every tap of every input channel.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; otherwise as [`direct_rows_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct_rows_avx2(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], bias: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
+    use std::arch::x86_64::*;
+    const HALF: usize = DIRECT_MB / 2;
+    const STEP: usize = 2 * AVX2_LANES;
+    let (h, wa) = (geo.h, geo.wa);
+    let (ow, kh, kw, s) = (wa.output, h.kernel, wa.kernel, wa.stride);
+    let chan = geo.channel_len();
+    let row_len = s * geo.len;
+    let taps = cg * kh * kw;
+    assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB && bias.len() >= mg.next_multiple_of(DIRECT_MB));
+    assert!(rows.end <= h.output && (geo.chunks * LANES) % STEP == 0);
+    let offsets = &geo.offsets;
+    let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (r, oy) in rows.clone().enumerate() {
+        for m0 in (0..mg).step_by(HALF) {
+            let (blk, lane0) = (m0 / DIRECT_MB, m0 % DIRECT_MB);
+            let wblk = &packed[blk * taps * DIRECT_MB..(blk + 1) * taps * DIRECT_MB];
+            for x0 in (0..ow).step_by(STEP) {
+                let mut acc: [[__m256; 2]; HALF] = std::array::from_fn(|m| [_mm256_set1_ps(bias[m0 + m]); 2]);
+                for c in 0..cg {
+                    let row0 = c * chan + oy * h.stride * row_len + x0;
+                    let wc = &wblk[c * kh * kw * DIRECT_MB..(c + 1) * kh * kw * DIRECT_MB];
+                    for (t, &off) in offsets.iter().enumerate() {
+                        // SAFETY: `Padded` sizes rows for every chunk of the rounded-up
+                        // output width (a multiple of `STEP`, asserted above) plus the
+                        // largest tap shift, and every row this reads is below `rows` rows
+                        // of channel `c` (asserted above); unaligned loads are allowed.
+                        let x = unsafe {
+                            let p = padded.as_ptr().add(row0 + off);
+                            [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(AVX2_LANES))]
+                        };
+                        let w = &wc[t * DIRECT_MB + lane0..t * DIRECT_MB + lane0 + HALF];
+                        for (a, &wm) in acc.iter_mut().zip(w) {
+                            let wv = _mm256_set1_ps(wm);
+                            a[0] = _mm256_fmadd_ps(x[0], wv, a[0]);
+                            a[1] = _mm256_fmadd_ps(x[1], wv, a[1]);
+                        }
+                    }
+                }
+                for (m, a) in acc.iter().enumerate().take(mg - m0) {
+                    for (i, v) in a.iter().enumerate() {
+                        let first = x0 + i * AVX2_LANES;
+                        if first >= ow {
+                            break;
+                        }
+                        // SAFETY: `first` is inside row `r` of channel `m0 + m`'s plane,
+                        // one of the caller's rows; a partial register is stored through a
+                        // mask of the columns left in the row.
+                        unsafe {
+                            let p = out.add((m0 + m) * plane + r * ow + first);
+                            if ow - first >= AVX2_LANES {
+                                _mm256_storeu_ps(p, *v);
+                            } else {
+                                _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((ow - first) as i32), lane_index), *v);
+                            }
+                        }
                     }
                 }
             }
@@ -641,7 +723,7 @@ fn depthwise_conv(img: &[f32], w: &[f32], h: Axis, wa: Axis, dst: &mut [MaybeUni
                 return unsafe { depthwise_channel_avx2(&geo, buf, k, b, out, at, rest, scratch) };
             }
         }
-        depthwise_channel::<false>(&geo, buf, k, b, out, at, rest, scratch)
+        depthwise_channel(&geo, buf, k, b, out, at, rest, scratch)
     });
 }
 
@@ -784,7 +866,7 @@ impl Padded {
 }
 
 /// `a[k] = src[2k]`, `b[k] = src[2k + 1]` (`src` twice as long as `a` and `b`), sixteen
-/// pairs per shuffle with AVX-512F.
+/// pairs per shuffle with AVX-512F, eight with AVX2.
 #[inline(always)]
 fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
     assert!(a.len() == b.len() && src.len() == 2 * a.len(), "src holds one pair per output");
@@ -793,6 +875,9 @@ fn deinterleave_pairs(a: &mut [f32], b: &mut [f32], src: &[f32]) {
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU supports AVX-512F (checked just above); lengths asserted above.
         done = unsafe { deinterleave_avx512(a, b, src) };
+    } else if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above); lengths asserted above.
+        done = unsafe { deinterleave_avx2(a, b, src) };
     }
     for ((x, y), pair) in a[done..].iter_mut().zip(b[done..].iter_mut()).zip(src[2 * done..].chunks_exact(2)) {
         *x = pair[0];
@@ -829,6 +914,33 @@ unsafe fn deinterleave_avx512(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usiz
         }
     }
     n
+}
+
+/// [`deinterleave_pairs`] with AVX2 on blocks of eight pairs; returns how many pairs it
+/// wrote (the pairs after the last whole block are left to the caller).
+///
+/// # Safety
+/// The CPU must support AVX2; `b` is as long as `a` and `src` twice as long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn deinterleave_avx2(a: &mut [f32], b: &mut [f32], src: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let blocks = a.len() / AVX2_LANES;
+    for k in (0..blocks * AVX2_LANES).step_by(AVX2_LANES) {
+        // SAFETY: `src[2k .. 2k + 16]`, `a[k .. k + 8]` and `b[k .. k + 8]` are inside the
+        // slices (whole blocks only, the caller's lengths); unaligned accesses are allowed.
+        unsafe {
+            let lo = _mm256_loadu_ps(src.as_ptr().add(2 * k));
+            let hi = _mm256_loadu_ps(src.as_ptr().add(2 * k + AVX2_LANES));
+            // Per 128-bit half: the even (odd) values of `lo` then of `hi`; the 64-bit
+            // quarters are then put in order.
+            let even = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(lo, hi))));
+            let odd = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(lo, hi))));
+            _mm256_storeu_ps(a.as_mut_ptr().add(k), even);
+            _mm256_storeu_ps(b.as_mut_ptr().add(k), odd);
+        }
+    }
+    blocks * AVX2_LANES
 }
 
 /// [`depthwise_channel`] with AVX-512F intrinsics: each chunk of 16 output columns is one
@@ -903,31 +1015,114 @@ unsafe fn depthwise_rows_avx512<const C: usize, const R: usize>(d: &Padded, buf:
     }
 }
 
-/// [`depthwise_channel`] compiled for AVX2 and FMA.
+/// [`depthwise_channel`] with AVX2 and FMA intrinsics: rows are computed a few at a time
+/// in steps of one or two 8-lane registers of columns (one when the output is at most 8
+/// columns wide), eight sums per step; columns past the output are computed from padding
+/// and not stored.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn depthwise_channel_avx2(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
-    depthwise_channel::<true>(d, buf, k, bias, out, at, fin, scratch)
+    if d.wa.output <= AVX2_LANES {
+        depthwise_rows_avx2::<1, 8>(d, buf, k, bias, out, at, fin, scratch)
+    } else {
+        depthwise_rows_avx2::<2, 4>(d, buf, k, bias, out, at, fin, scratch)
+    }
+}
+
+/// Lanes of an AVX2 register of f32.
+const AVX2_LANES: usize = 8;
+
+/// [`depthwise_channel_avx2`] with `V` registers of [`AVX2_LANES`] columns of `R` rows
+/// per step.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `V * AVX2_LANES` divides the width `d` pads rows to.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_rows_avx2<const V: usize, const R: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
+    use std::arch::x86_64::*;
+    let (h, wa) = (d.h, d.wa);
+    let (oh, ow, kw, s) = (h.output, wa.output, wa.kernel, wa.stride);
+    let row_len = s * d.len;
+    let step = V * AVX2_LANES;
+    assert!(buf.len() >= d.rows * row_len && k.len() >= h.kernel * kw && out.len() >= oh * ow);
+    assert!((d.chunks * LANES) % step == 0, "steps tile the padded width");
+    let rows_per_finish = 512usize.div_ceil(ow).next_multiple_of(R);
+    let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut unfinished = 0;
+    for oy0 in (0..oh).step_by(R) {
+        // Rows past the last are computed from clamped rows and not stored.
+        let rows: [usize; R] = std::array::from_fn(|r| (oy0 + r).min(oh - 1) * h.stride * row_len);
+        for x0 in (0..ow).step_by(step) {
+            let mut acc = [[_mm256_set1_ps(bias); V]; R];
+            for (&off, &wt) in d.offsets.iter().zip(k) {
+                let wv = _mm256_set1_ps(wt);
+                for (row_acc, &first) in acc.iter_mut().zip(&rows) {
+                    // SAFETY: `Padded` sizes each phase row to hold every chunk of the
+                    // rounded-up output width (a multiple of `step`, asserted above) plus
+                    // the largest tap shift, and `buf` holds `rows` rows (asserted above),
+                    // so all `step` values are inside.
+                    let src = unsafe { buf.as_ptr().add(first + off + x0) };
+                    for (c, a) in row_acc.iter_mut().enumerate() {
+                        // SAFETY: see above; unaligned loads are allowed.
+                        *a = _mm256_fmadd_ps(wv, unsafe { _mm256_loadu_ps(src.add(c * AVX2_LANES)) }, *a);
+                    }
+                }
+            }
+            for (r, row_acc) in acc.iter().enumerate() {
+                if oy0 + r >= oh {
+                    break;
+                }
+                let dst = (oy0 + r) * ow;
+                for (c, a) in row_acc.iter().enumerate() {
+                    let first = x0 + c * AVX2_LANES;
+                    if first >= ow {
+                        break;
+                    }
+                    // SAFETY: `first` is inside this output row, inside `out` (asserted
+                    // above); a partial register is stored through a mask of the columns
+                    // left in the row.
+                    unsafe {
+                        let p = out.as_mut_ptr().add(dst + first).cast::<f32>();
+                        if ow - first >= AVX2_LANES {
+                            _mm256_storeu_ps(p, *a);
+                        } else {
+                            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((ow - first) as i32), lane_index);
+                            _mm256_maskstore_ps(p, mask, *a);
+                        }
+                    }
+                }
+            }
+        }
+        let done = (oy0 + R).min(oh);
+        if done - unfinished >= rows_per_finish || done == oh {
+            // SAFETY: rows up to `done` are stored above.
+            fin.apply(unsafe { assume_init_mut(&mut out[unfinished * ow..done * ow]) }, at + unfinished * ow, scratch);
+            unfinished = done;
+        }
+    }
 }
 
 /// Writes one channel's window sums to `out` (output element `at` onward) from its padded
-/// copy `buf`, finishing rows in groups of at least 512 elements. `FMA`: multiply-adds
-/// are fused (only where the CPU has FMA).
-#[inline(always)]
+/// copy `buf`, finishing rows in groups of at least 512 elements.
 #[allow(clippy::too_many_arguments)]
-fn depthwise_channel<const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
+fn depthwise_channel(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     match d.chunks {
-        1 => depthwise_rows::<1, FMA>(d, buf, k, bias, out, at, fin, scratch),
-        2 => depthwise_rows::<2, FMA>(d, buf, k, bias, out, at, fin, scratch),
-        _ => depthwise_rows::<4, FMA>(d, buf, k, bias, out, at, fin, scratch),
+        1 => depthwise_rows::<1>(d, buf, k, bias, out, at, fin, scratch),
+        2 => depthwise_rows::<2>(d, buf, k, bias, out, at, fin, scratch),
+        _ => depthwise_rows::<4>(d, buf, k, bias, out, at, fin, scratch),
     }
 }
 
 /// [`depthwise_channel`] with `C` chunks of [`LANES`] columns computed together.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
+fn depthwise_rows<const C: usize>(d: &Padded, buf: &[f32], k: &[f32], bias: f32, out: &mut [MaybeUninit<f32>], at: usize, fin: Finish, scratch: &mut Scratch) {
     let (h, wa) = (d.h, d.wa);
     let (ow, kw, s) = (wa.output, wa.kernel, wa.stride);
     let row_len = s * d.len;
@@ -944,8 +1139,7 @@ fn depthwise_rows<const C: usize, const FMA: bool>(d: &Padded, buf: &[f32], k: &
                     let src = &row[phase * d.len + x0 + shift..][..C * LANES];
                     for (c, a) in acc.iter_mut().enumerate() {
                         for (l, v) in a.iter_mut().enumerate() {
-                            let x = src[c * LANES + l];
-                            *v = if FMA { wt.mul_add(x, *v) } else { *v + wt * x };
+                            *v += wt * src[c * LANES + l];
                         }
                     }
                 }
@@ -1308,6 +1502,12 @@ mod tests {
             ([1, 128, 14, 14], [128, 1, 5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 128),
             ([1, 24, 19, 37], [24, 1, 3, 3], [1, 1], [1, 1], [0, 2, 1, 0], 24),
             ([1, 32, 15, 15], [32, 1, 3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 32),
+            // Depthwise rows no wider than one AVX2 register over a row count that is not a
+            // multiple of the rows per step; dilated rows with a partial last register;
+            // strided rows of whole and partial 8-pair blocks.
+            ([1, 10, 11, 5], [10, 1, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 10),
+            ([1, 9, 13, 23], [9, 1, 3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 9),
+            ([1, 7, 9, 41], [7, 1, 3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 7),
             // A grouped dense conv wide enough for the direct kernel, two images.
             ([2, 6, 10, 40], [12, 3, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
             // Pointwise over few positions (split by output channel) and over many.
