@@ -119,7 +119,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512vnni::tile_fn(rows, cols),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::tile_fn(rows),
+            Isa::Avx2 => avx2::tile_fn(rows, cols),
             _ => portable::tile_fn(rows),
         }
     }
