@@ -32,6 +32,8 @@ mod avx512vnni;
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod depthwise;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod depthwise_avx2;
 mod output;
 mod pack;
 mod portable;
