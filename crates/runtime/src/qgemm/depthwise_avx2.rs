@@ -224,7 +224,8 @@ impl Job<'_> {
                 0 => {}
                 1 => self.store(self.sums::<1>(rows, base, wrow, p), bias, scale, out, p, ow),
                 2 => self.store(self.sums::<2>(rows, base, wrow, p), bias, scale, out, p, ow),
-                _ => self.store(self.sums::<3>(rows, base, wrow, p), bias, scale, out, p, ow),
+                3 => self.store(self.sums::<3>(rows, base, wrow, p), bias, scale, out, p, ow),
+                _ => self.store(self.sums::<4>(rows, base, wrow, p), bias, scale, out, p, ow),
             }
         }
     }
@@ -340,7 +341,8 @@ mod tests {
         let pools: Vec<rayon::ThreadPool> = [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
         // (channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
         type Ax = (usize, usize, usize, usize, usize, usize);
-        let cases: [(usize, Ax, Ax); 14] = [
+        let cases: [(usize, Ax, Ax); 15] = [
+            (3, (6, 3, 1, 1, 1, 1), (29, 3, 1, 1, 1, 1)),
             (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
             (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
             (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
