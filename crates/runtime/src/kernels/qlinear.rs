@@ -1189,7 +1189,8 @@ struct DepthwiseWeights<'a> {
 /// in parallel; the inner loops are compiled for AVX-512 or AVX2 when the CPU has them.
 ///
 /// QLinearConv runs on the NCHW kernel of [`qgemm::depthwise`] instead when the CPU and the
-/// horizontal geometry allow.
+/// horizontal geometry allow, and on the NCHW AVX2 kernel of [`qgemm::depthwise_avx2`] on
+/// CPUs with AVX2 but without the former's extensions.
 #[allow(clippy::too_many_arguments)]
 fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa: Axis, rq: Option<&Requant>, out: &mut ConvOut, base: usize) {
     let DepthwiseWeights { w, wt, w_zp, .. } = *dw;
@@ -1197,6 +1198,14 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa
     let c = img.len() / plane_in.max(1);
     #[cfg(target_arch = "x86_64")]
     if let Some(rq) = rq {
+        let inp = qgemm::conv::ConvInput { x: img, xt, x_zp, channels: c, h, w: wa };
+        let crq = |y_zp| qgemm::conv::ConvRequant {
+            scale: scale_arg(&rq.mult),
+            bias: rq.bias.as_deref(),
+            w_zp: zp_arg(w_zp),
+            y_zp,
+        };
+        let at = base..base + c * h.output * wa.output;
         if qgemm::depthwise::available() && qgemm::depthwise::supports(&wa) {
             let owned;
             let packed = match dw.prepared {
@@ -1206,17 +1215,17 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa
                     &owned
                 }
             };
-            let inp = qgemm::conv::ConvInput { x: img, xt, x_zp, channels: c, h, w: wa };
-            let crq = |y_zp| qgemm::conv::ConvRequant {
-                scale: scale_arg(&rq.mult),
-                bias: rq.bias.as_deref(),
-                w_zp: zp_arg(w_zp),
-                y_zp,
-            };
-            let at = base..base + c * h.output * wa.output;
             match out {
                 ConvOut::U8(v, z) => qgemm::depthwise::depthwise_requant(&inp, packed, &crq(*z), &mut v[at], true),
                 ConvOut::I8(v, z) => qgemm::depthwise::depthwise_requant(&inp, packed, &crq(*z), &mut v[at], true),
+                ConvOut::I32(_) => unreachable!("ConvInteger has no output stage"),
+            }
+            return;
+        }
+        if !qgemm::depthwise::available() && qgemm::depthwise_avx2::available() && qgemm::depthwise_avx2::worth_it(&wa) {
+            match out {
+                ConvOut::U8(v, z) => qgemm::depthwise_avx2::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
+                ConvOut::I8(v, z) => qgemm::depthwise_avx2::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
                 ConvOut::I32(_) => unreachable!("ConvInteger has no output stage"),
             }
             return;

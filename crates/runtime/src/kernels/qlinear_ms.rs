@@ -158,16 +158,62 @@ fn lookup_all(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
 }
 
 /// `dst[i] = table[src[i]]` over slices of equal length, 64 bytes per step with AVX-512 VBMI
-/// byte permutes when the CPU has them.
+/// byte permutes when the CPU has them, else 32 bytes per step with AVX2 byte shuffles.
 fn lookup_bytes(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512vbmi") && std::arch::is_x86_feature_detected!("avx512bw") {
-        // SAFETY: the CPU supports AVX-512 F/BW/VBMI, checked just above.
-        return unsafe { lookup_vbmi(src, table, dst) };
+    {
+        if std::arch::is_x86_feature_detected!("avx512vbmi") && std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU supports AVX-512 F/BW/VBMI, checked just above.
+            return unsafe { lookup_vbmi(src, table, dst) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { lookup_avx2(src, table, dst) };
+        }
     }
+    lookup_scalar(src, table, dst)
+}
+
+/// `dst[i] = table[src[i]]`, one byte at a time.
+fn lookup_scalar(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         d.write(table[s as usize]);
     }
+}
+
+/// [`lookup_bytes`] with AVX2: the table is sixteen 16-entry rows, one per high nibble. For
+/// row `h`, `vpshufb` looks up the low nibble of every index in row `h` and gives 0 where the
+/// shuffle index has its top bit set; the index passed is `(x - 16 h) +sat 0x70`, whose top
+/// bit is clear exactly when `x`'s high nibble is `h` (then it is `0x70 | low nibble`), so
+/// OR-ing the sixteen lookups leaves each byte's own entry. The tail runs one byte at a time.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn lookup_avx2(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let (s, d, t) = (src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), table.as_ptr());
+    // SAFETY: the table has 256 bytes (row `h` at `16 h`); every load and store below covers
+    // bytes `i..i + 32` with `i + 32 <= n` of slices at least `n` long.
+    let done = unsafe {
+        let rows: [__m256i; 16] = std::array::from_fn(|h| _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16 * h).cast())));
+        let (step, bias) = (_mm256_set1_epi8(16), _mm256_set1_epi8(0x70));
+        let mut i = 0;
+        while i + 32 <= n {
+            let mut x = _mm256_loadu_si256(s.add(i).cast());
+            let mut y = _mm256_setzero_si256();
+            for row in &rows {
+                y = _mm256_or_si256(y, _mm256_shuffle_epi8(*row, _mm256_adds_epu8(x, bias)));
+                x = _mm256_sub_epi8(x, step);
+            }
+            _mm256_storeu_si256(d.add(i).cast(), y);
+            i += 32;
+        }
+        i
+    };
+    lookup_scalar(&src[done..n], table, &mut dst[done..n]);
 }
 
 /// [`lookup_bytes`] with AVX-512 VBMI: two `vpermi2b` look up each index's low seven bits in
@@ -805,6 +851,25 @@ fn dynamic_quantize_linear(_info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_lookup_matches_the_table() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let table: [u8; 256] = std::array::from_fn(|i| (i as u8).wrapping_mul(167).wrapping_add(29) ^ (i >> 3) as u8);
+        let src: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).chain(0..=255).collect();
+        for len in (0..70).chain([255, 256, src.len()]) {
+            let mut dst = vec![MaybeUninit::new(0u8); len];
+            // SAFETY: the CPU supports AVX2, checked above.
+            unsafe { lookup_avx2(&src[..len], &table, &mut dst) };
+            for (i, (d, &x)) in dst.iter().zip(&src).enumerate() {
+                // SAFETY: every element was initialized when `dst` was made.
+                assert_eq!(unsafe { d.assume_init() }, table[x as usize], "length {len}, byte {i}");
+            }
+        }
+    }
 
     #[test]
     fn conversion_overflow_gives_the_integer_minimum() {

@@ -32,6 +32,8 @@ mod avx512vnni;
 pub(crate) mod conv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod depthwise;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod depthwise_avx2;
 mod output;
 mod pack;
 mod portable;
@@ -119,7 +121,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512vnni::tile_fn(rows, cols),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::tile_fn(rows),
+            Isa::Avx2 => avx2::tile_fn(rows, cols),
             _ => portable::tile_fn(rows),
         }
     }
