@@ -476,7 +476,7 @@ unsafe fn direct_rows_avx2(geo: &Padded, padded: &[f32], cg: usize, packed: &[f3
     let row_len = s * geo.len;
     let taps = cg * kh * kw;
     assert!(padded.len() >= cg * chan && packed.len() >= mg.div_ceil(DIRECT_MB) * taps * DIRECT_MB && bias.len() >= mg.next_multiple_of(DIRECT_MB));
-    assert!(rows.end <= h.output && (geo.chunks * LANES) % STEP == 0);
+    assert!(rows.end <= h.output && (geo.chunks * LANES).is_multiple_of(STEP));
     let offsets = &geo.offsets;
     let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (r, oy) in rows.clone().enumerate() {
@@ -1051,7 +1051,7 @@ unsafe fn depthwise_rows_avx2<const V: usize, const R: usize>(d: &Padded, buf: &
     let row_len = s * d.len;
     let step = V * AVX2_LANES;
     assert!(buf.len() >= d.rows * row_len && k.len() >= h.kernel * kw && out.len() >= oh * ow);
-    assert!((d.chunks * LANES) % step == 0, "steps tile the padded width");
+    assert!((d.chunks * LANES).is_multiple_of(step), "steps tile the padded width");
     let rows_per_finish = 512usize.div_ceil(ow).next_multiple_of(R);
     let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let mut unfinished = 0;

@@ -314,7 +314,7 @@ unsafe fn pair_up(line: &[i16], d: usize, pairs: &mut [i32]) {
 #[target_feature(enable = "avx2")]
 unsafe fn split_even_odd(src: &[i32], dst: &mut [i32]) {
     let half = src.len() / 2;
-    assert!(src.len() == dst.len() && half % 8 == 0);
+    assert!(src.len() == dst.len() && half.is_multiple_of(8));
     let order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
     for q in (0..half).step_by(8) {
