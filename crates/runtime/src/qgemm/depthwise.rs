@@ -341,7 +341,7 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qgemm::test_reference::{axis, naive_conv};
+    use crate::qgemm::test_reference::{check_depthwise, output_bytes, AxisSpec};
 
     #[test]
     fn matches_a_direct_depthwise_convolution() {
@@ -349,11 +349,8 @@ mod tests {
             eprintln!("NCHW VNNI depthwise convolution NOT TESTED: this CPU lacks AVX-512 VNNI or VBMI");
             return;
         }
-        let mut rng = qforge_testkit::Rng::new(11);
-        let pools: Vec<rayon::ThreadPool> = [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
         // (channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
-        type Ax = (usize, usize, usize, usize, usize, usize);
-        let cases: [(usize, Ax, Ax); 13] = [
+        let cases: [(usize, AxisSpec, AxisSpec); 13] = [
             (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
             (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
             (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
@@ -368,44 +365,11 @@ mod tests {
             (1, (2, 1, 1, 1, 0, 0), (3, 1, 1, 1, 0, 0)),
             (3, (11, 5, 1, 1, 2, 2), (13, 5, 1, 1, 2, 2)),
         ];
-        for (ci, &(c, hx, wx)) in cases.iter().enumerate() {
-            let h = axis(hx.0, hx.1, hx.2, hx.3, hx.4, hx.5);
-            let wa = axis(wx.0, wx.1, wx.2, wx.3, wx.4, wx.5);
-            assert!(supports(&wa));
-            for (xt, wt) in [(Int8::U8, Int8::I8), (Int8::U8, Int8::U8), (Int8::I8, Int8::I8), (Int8::I8, Int8::U8)] {
-                let x: Vec<u8> = (0..c * h.input * wa.input).map(|_| rng.next() as u8).collect();
-                let w: Vec<u8> = (0..c * h.kernel * wa.kernel).map(|_| rng.next() as u8).collect();
-                let (base, shift) = if wt == Int8::I8 { (0, 128) } else { (128, 0) };
-                // Per-channel zero points, some at the value needing no window sums.
-                let wz: Vec<i32> = (0..c).map(|j| if (ci + j) % 3 == 0 { base } else { rng.below(256) as i32 - shift }).collect();
-                let per_channel = ci % 2 == 0;
-                let wz: Vec<i32> = if per_channel { wz } else { vec![wz[0]; c] };
-                let xz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
-                let yz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
-                let bias: Vec<i32> = (0..c).map(|_| rng.below(20001) as i32 - 10000).collect();
-                let scale: Vec<f32> = (0..c).map(|_| [1.0 / 256.0, 1.0 / 1024.0, 0.0037, 0.00051][rng.below(4)]).collect();
-                let want = naive_conv(&x, xt, xz, &w, wt, &wz, c, c, c, h, wa, &bias, &scale, yz);
-                let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
-                let rq = ConvRequant {
-                    scale: Scale::Each(&scale),
-                    bias: Some(&bias),
-                    w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
-                    y_zp: yz,
-                };
-                let dw = DepthwiseW::pack(wt, &w, c, h.kernel, wa.kernel);
-                for pool in &pools {
-                    let got: Vec<u8> = pool.install(|| if xt == Int8::U8 {
-                        let mut o = vec![0u8; c * h.output * wa.output];
-                        depthwise_requant(&inp, &dw, &rq, &mut o, true);
-                        o
-                    } else {
-                        let mut o = vec![0i8; c * h.output * wa.output];
-                        depthwise_requant(&inp, &dw, &rq, &mut o, true);
-                        o.into_iter().map(|v| v as u8).collect()
-                    });
-                    assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} threads {}", pool.current_num_threads());
-                }
-            }
-        }
+        check_depthwise(11, &cases, |inp, w, wt, rq| {
+            assert!(supports(&inp.w));
+            let dw = DepthwiseW::pack(wt, w, inp.channels, inp.h.kernel, inp.w.kernel);
+            let len = inp.channels * inp.h.output * inp.w.output;
+            output_bytes(inp.xt, len, |o| depthwise_requant(inp, &dw, rq, o, true), |o| depthwise_requant(inp, &dw, rq, o, true))
+        });
     }
 }

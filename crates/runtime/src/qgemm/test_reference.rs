@@ -1,7 +1,8 @@
 //! A requantized 8-bit convolution written out element by element, the reference the NCHW
 //! convolution kernels' tests compare against.
 
-use super::Int8;
+use super::conv::{ConvInput, ConvRequant};
+use super::{Int8, Scale, ZeroPoints};
 use crate::kernels::conv::Axis;
 
 /// The geometry of one axis: `input` values, a `kernel` of taps `dilation` apart, `stride`,
@@ -45,4 +46,59 @@ pub(crate) fn naive_conv(x: &[u8], xt: Int8, xz: i32, w: &[u8], wt: Int8, wz: &[
         }
     }
     out
+}
+
+/// The geometry of one axis as `(input, kernel, stride, dilation, pad_begin, pad_end)`.
+pub(crate) type AxisSpec = (usize, usize, usize, usize, usize, usize);
+
+/// Checks a requantized depthwise kernel against [`naive_conv`]: for each case
+/// `(channels, height axis, width axis)` and each signedness pair of input and weights, draws
+/// random data from `seed` (per-channel weight zero points on even cases, some of them at the
+/// value needing no window sums, input and output zero points anywhere, biases and scales),
+/// and requires `run(input, weights, weight type, requantization)` (the output bytes) to equal
+/// the naive convolution's on 1 and 2 threads.
+pub(crate) fn check_depthwise(seed: u64, cases: &[(usize, AxisSpec, AxisSpec)], run: impl Fn(&ConvInput, &[u8], Int8, &ConvRequant) -> Vec<u8> + Sync) {
+    let mut rng = qforge_testkit::Rng::new(seed);
+    let pools: Vec<rayon::ThreadPool> = [1, 2].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
+    for (ci, &(c, hx, wx)) in cases.iter().enumerate() {
+        let h = axis(hx.0, hx.1, hx.2, hx.3, hx.4, hx.5);
+        let wa = axis(wx.0, wx.1, wx.2, wx.3, wx.4, wx.5);
+        for (xt, wt) in [(Int8::U8, Int8::I8), (Int8::U8, Int8::U8), (Int8::I8, Int8::I8), (Int8::I8, Int8::U8)] {
+            let x: Vec<u8> = (0..c * h.input * wa.input).map(|_| rng.next() as u8).collect();
+            let w: Vec<u8> = (0..c * h.kernel * wa.kernel).map(|_| rng.next() as u8).collect();
+            let (base, shift) = if wt == Int8::I8 { (0, 128) } else { (128, 0) };
+            let wz: Vec<i32> = (0..c).map(|j| if (ci + j) % 3 == 0 { base } else { rng.below(256) as i32 - shift }).collect();
+            let per_channel = ci % 2 == 0;
+            let wz: Vec<i32> = if per_channel { wz } else { vec![wz[0]; c] };
+            let xz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
+            let yz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
+            let bias: Vec<i32> = (0..c).map(|_| rng.below(20001) as i32 - 10000).collect();
+            let scale: Vec<f32> = (0..c).map(|_| [1.0 / 256.0, 1.0 / 1024.0, 0.0037, 0.00051][rng.below(4)]).collect();
+            let want = naive_conv(&x, xt, xz, &w, wt, &wz, c, c, c, h, wa, &bias, &scale, yz);
+            let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
+            let rq = ConvRequant {
+                scale: Scale::Each(&scale),
+                bias: Some(&bias),
+                w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
+                y_zp: yz,
+            };
+            for pool in &pools {
+                let got = pool.install(|| run(&inp, &w, wt, &rq));
+                assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} threads {}", pool.current_num_threads());
+            }
+        }
+    }
+}
+
+/// A zeroed output of `len` values of `xt`'s type filled by `fill_u8` or `fill_i8`, as bytes.
+pub(crate) fn output_bytes(xt: Int8, len: usize, fill_u8: impl FnOnce(&mut [u8]), fill_i8: impl FnOnce(&mut [i8])) -> Vec<u8> {
+    if xt == Int8::U8 {
+        let mut o = vec![0u8; len];
+        fill_u8(&mut o);
+        o
+    } else {
+        let mut o = vec![0i8; len];
+        fill_i8(&mut o);
+        o.into_iter().map(|v| v as u8).collect()
+    }
 }
