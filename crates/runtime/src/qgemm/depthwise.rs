@@ -341,7 +341,7 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qgemm::test_reference::{check_depthwise, output_bytes, AxisSpec};
+    use crate::qgemm::test_reference::{check_depthwise, output_bytes, DEPTHWISE_CASES};
 
     #[test]
     fn matches_a_direct_depthwise_convolution() {
@@ -349,23 +349,7 @@ mod tests {
             eprintln!("NCHW VNNI depthwise convolution NOT TESTED: this CPU lacks AVX-512 VNNI or VBMI");
             return;
         }
-        // (channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
-        let cases: [(usize, AxisSpec, AxisSpec); 13] = [
-            (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
-            (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
-            (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
-            (7, (6, 2, 1, 2, 0, 1), (19, 7, 3, 2, 3, 0)),
-            (2, (1, 1, 1, 1, 0, 0), (1, 1, 1, 1, 0, 0)),
-            (4, (8, 4, 3, 1, 0, 3), (17, 4, 1, 1, 3, 0)),
-            (9, (5, 5, 1, 1, 2, 2), (16, 5, 1, 1, 2, 2)),
-            (3, (3, 3, 1, 1, 2, 2), (2, 6, 1, 1, 5, 5)),
-            (17, (7, 5, 1, 1, 2, 2), (7, 5, 1, 1, 2, 2)),
-            (6, (14, 3, 2, 1, 1, 1), (28, 3, 2, 1, 0, 1)),
-            (2, (20, 3, 1, 1, 1, 1), (33, 3, 1, 2, 2, 2)),
-            (1, (2, 1, 1, 1, 0, 0), (3, 1, 1, 1, 0, 0)),
-            (3, (11, 5, 1, 1, 2, 2), (13, 5, 1, 1, 2, 2)),
-        ];
-        check_depthwise(11, &cases, |inp, w, wt, rq| {
+        check_depthwise(11, &DEPTHWISE_CASES, |inp, w, wt, rq| {
             assert!(supports(&inp.w));
             let dw = DepthwiseW::pack(wt, w, inp.channels, inp.h.kernel, inp.w.kernel);
             let len = inp.channels * inp.h.output * inp.w.output;

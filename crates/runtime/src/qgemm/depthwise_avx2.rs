@@ -329,7 +329,7 @@ unsafe fn split_even_odd(src: &[i32], dst: &mut [i32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qgemm::test_reference::{check_depthwise, output_bytes, AxisSpec};
+    use crate::qgemm::test_reference::{check_depthwise, output_bytes, AxisSpec, DEPTHWISE_CASES};
 
     #[test]
     fn matches_a_direct_depthwise_convolution() {
@@ -337,24 +337,10 @@ mod tests {
             eprintln!("AVX2 depthwise convolution NOT TESTED: this CPU lacks AVX2");
             return;
         }
-        // (channels, (ih, kh, sh, dh, pads), (iw, kw, sw, dw, pads)).
-        let cases: [(usize, AxisSpec, AxisSpec); 15] = [
-            (3, (6, 3, 1, 1, 1, 1), (29, 3, 1, 1, 1, 1)),
-            (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
-            (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
-            (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
-            (7, (6, 2, 1, 2, 0, 1), (19, 7, 3, 2, 3, 0)),
-            (2, (1, 1, 1, 1, 0, 0), (1, 1, 1, 1, 0, 0)),
-            (4, (8, 4, 3, 1, 0, 3), (17, 4, 1, 1, 3, 0)),
-            (9, (5, 5, 1, 1, 2, 2), (16, 5, 1, 1, 2, 2)),
-            (3, (3, 3, 1, 1, 2, 2), (2, 6, 1, 1, 5, 5)),
-            (17, (7, 5, 1, 1, 2, 2), (7, 5, 1, 1, 2, 2)),
-            (6, (14, 3, 2, 1, 1, 1), (28, 3, 2, 1, 0, 1)),
-            (2, (20, 3, 1, 1, 1, 1), (33, 3, 1, 2, 2, 2)),
-            (1, (2, 1, 1, 1, 0, 0), (3, 1, 1, 1, 0, 0)),
-            (3, (11, 5, 1, 1, 2, 2), (13, 5, 1, 1, 2, 2)),
-            (2, (19, 3, 2, 1, 1, 1), (70, 9, 4, 3, 4, 4)),
-        ];
+        // A row of 29 positions (three whole registers and a partial one), and stride 4 with
+        // dilation 3, beyond the VNNI kernel's reach.
+        let wide: [(usize, AxisSpec, AxisSpec); 2] = [(3, (6, 3, 1, 1, 1, 1), (29, 3, 1, 1, 1, 1)), (2, (19, 3, 2, 1, 1, 1), (70, 9, 4, 3, 4, 4))];
+        let cases = [&DEPTHWISE_CASES[..], &wide].concat();
         check_depthwise(13, &cases, |inp, w, wt, rq| {
             let len = inp.channels * inp.h.output * inp.w.output;
             output_bytes(inp.xt, len, |o| depthwise_requant(inp, w, wt, rq, o, true), |o| depthwise_requant(inp, w, wt, rq, o, true))

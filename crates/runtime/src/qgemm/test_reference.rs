@@ -51,6 +51,24 @@ pub(crate) fn naive_conv(x: &[u8], xt: Int8, xz: i32, w: &[u8], wt: Int8, wz: &[
 /// The geometry of one axis as `(input, kernel, stride, dilation, pad_begin, pad_end)`.
 pub(crate) type AxisSpec = (usize, usize, usize, usize, usize, usize);
 
+/// Depthwise geometries `(channels, height axis, width axis)`: odd widths, strides 1 to 3,
+/// dilations, asymmetric and large pads, a single position, kernels wider than the input.
+pub(crate) const DEPTHWISE_CASES: [(usize, AxisSpec, AxisSpec); 13] = [
+    (5, (12, 3, 1, 1, 1, 1), (80, 3, 1, 1, 1, 1)),
+    (3, (9, 5, 2, 1, 2, 2), (41, 5, 2, 1, 2, 2)),
+    (1, (30, 3, 1, 1, 1, 1), (300, 3, 1, 1, 1, 1)),
+    (7, (6, 2, 1, 2, 0, 1), (19, 7, 3, 2, 3, 0)),
+    (2, (1, 1, 1, 1, 0, 0), (1, 1, 1, 1, 0, 0)),
+    (4, (8, 4, 3, 1, 0, 3), (17, 4, 1, 1, 3, 0)),
+    (9, (5, 5, 1, 1, 2, 2), (16, 5, 1, 1, 2, 2)),
+    (3, (3, 3, 1, 1, 2, 2), (2, 6, 1, 1, 5, 5)),
+    (17, (7, 5, 1, 1, 2, 2), (7, 5, 1, 1, 2, 2)),
+    (6, (14, 3, 2, 1, 1, 1), (28, 3, 2, 1, 0, 1)),
+    (2, (20, 3, 1, 1, 1, 1), (33, 3, 1, 2, 2, 2)),
+    (1, (2, 1, 1, 1, 0, 0), (3, 1, 1, 1, 0, 0)),
+    (3, (11, 5, 1, 1, 2, 2), (13, 5, 1, 1, 2, 2)),
+];
+
 /// Checks a requantized depthwise kernel against [`naive_conv`]: for each case
 /// `(channels, height axis, width axis)` and each signedness pair of input and weights, draws
 /// random data from `seed` (per-channel weight zero points on even cases, some of them at the
