@@ -102,6 +102,20 @@ pub(crate) struct ConvRequant<'a> {
     pub y_zp: i32,
 }
 
+impl ConvRequant<'_> {
+    /// Panics unless the per-channel scales, weight zero points and bias cover `channels`
+    /// output channels.
+    pub(crate) fn assert_covers(&self, channels: usize) {
+        if let Scale::Each(s) = self.scale {
+            assert!(s.len() >= channels, "{} scales for {channels} channels", s.len());
+        }
+        if let ZeroPoints::Each(z) = self.w_zp {
+            assert!(z.len() >= channels, "{} weight zero points for {channels} channels", z.len());
+        }
+        assert!(self.bias.is_none_or(|b| b.len() >= channels), "bias shorter than {channels} channels");
+    }
+}
+
 /// Per-row terms of one tile's epilogue (pointers at the tile's first row and column).
 struct Epi {
     /// Column sums of the stored activations (32 values).
@@ -131,13 +145,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let plane = h.output * w.output;
     assert_eq!(k, inp.channels * h.kernel * w.kernel, "weight depth and image channels disagree");
     assert!(inp.x.len() >= inp.channels * h.input * w.input && out.len() >= m * plane);
-    if let Scale::Each(s) = rq.scale {
-        assert!(s.len() >= m);
-    }
-    if let ZeroPoints::Each(z) = rq.w_zp {
-        assert!(z.len() >= m);
-    }
-    assert!(rq.bias.is_none_or(|b| b.len() >= m));
+    rq.assert_covers(m);
     if m == 0 || plane == 0 {
         return;
     }

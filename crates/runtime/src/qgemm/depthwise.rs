@@ -101,13 +101,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &C
     assert!(w.channels == c && w.kh == h.kernel && w.kw == wa.kernel, "depthwise weights of {} x {} x {} for {c} channels and a {} x {} kernel", w.channels, w.kh, w.kw, h.kernel, wa.kernel);
     let (taps, plane) = (h.kernel * wa.kernel, h.output * wa.output);
     assert!(inp.x.len() >= c * h.input * wa.input && out.len() >= c * plane);
-    if let Scale::Each(s) = rq.scale {
-        assert!(s.len() >= c);
-    }
-    if let ZeroPoints::Each(z) = rq.w_zp {
-        assert!(z.len() >= c);
-    }
-    assert!(rq.bias.is_none_or(|b| b.len() >= c));
+    rq.assert_covers(c);
     if c == 0 || plane == 0 {
         return;
     }

@@ -61,13 +61,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     let (taps, plane) = (h.kernel * wa.kernel, h.output * wa.output);
     assert!(w.len() >= c * taps, "depthwise weights of {} bytes are too short for {c} x {} x {}", w.len(), h.kernel, wa.kernel);
     assert!(inp.x.len() >= c * h.input * wa.input && out.len() >= c * plane);
-    if let Scale::Each(s) = rq.scale {
-        assert!(s.len() >= c);
-    }
-    if let ZeroPoints::Each(z) = rq.w_zp {
-        assert!(z.len() >= c);
-    }
-    assert!(rq.bias.is_none_or(|b| b.len() >= c));
+    rq.assert_covers(c);
     if c == 0 || plane == 0 {
         return;
     }
