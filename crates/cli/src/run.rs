@@ -129,6 +129,7 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
             "lowered": l.lowered.len(),
             "lookup_tables": l.lowered.iter().filter(|u| u.into == qforge_runtime::LOOKUP_TABLE).map(|u| json!({"graph": u.graph, "node": u.node, "op": u.op})).collect::<Vec<_>>(),
             "composed_tables": l.composed.iter().map(|c| json!({"graph": c.graph, "node": c.node(), "chain": c.chain})).collect::<Vec<_>>(),
+            "tables_in_convs": l.tables_in_convs,
             "not_lowered": l.not_lowered.iter().map(|n| json!({"graph": n.graph, "node": n.node, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
         })),
     });
@@ -144,6 +145,9 @@ pub fn bench(model_path: &Path, inputs: &[String], shapes: &[String], o: BenchOp
             if !l.composed.is_empty() {
                 let nodes: usize = l.composed.iter().map(|c| c.chain.len()).sum();
                 println!("elementwise chains over one 8-bit value run as lookup tables: {} (of {nodes} nodes)", l.composed.len());
+            }
+            if !l.tables_in_convs.is_empty() {
+                println!("lookup tables applied inside the convolution before them: {}", l.tables_in_convs.len());
             }
         }
         for (op, ms) in &by_op {

@@ -8,6 +8,9 @@
 //!   the QDQ units into integer kernels at session build, as qforge's session does;
 //! * ONNX Runtime's own QDQ model (its static quantizer), likewise.
 //!
+//! The QDQ forms' final outputs, with nothing exposed (so qforge's session fuses lookup tables
+//! into the convolutions before them), must agree with ONNX Runtime's too.
+//!
 //! On a CPU where ONNX Runtime's u8 x s8 kernels are not exact (see `ort_u8s8_exact`), the
 //! models are quantized with weights in the reduced range `[-64, 64]`, where its arithmetic is
 //! exact, so that the comparison still covers every kernel.
@@ -101,7 +104,36 @@ fn integers_match(name: &str, form: Form) -> usize {
         assert_eq!(a.raw_bytes().unwrap(), b.raw_bytes().unwrap(), "{name}: integer tensor '{value}' differs from ONNX Runtime's");
         compared += 1;
     }
+    if form != Form::QforgeQOperator {
+        outputs_match(name, &lowered, &inputs, tmp.path());
+    }
     compared
+}
+
+/// Runs the quantized model as it is (no value exposed, so a session fuses what it can: lookup
+/// tables into the convolutions before them, elementwise chains into one table) in qforge and
+/// in ONNX Runtime, and requires the model's outputs to agree: integer outputs exactly, float
+/// outputs (computed in float from identical integers) within `1e-5` relative plus `1e-6`.
+fn outputs_match(name: &str, model: &Path, inputs: &[String], tmp: &Path) {
+    let (ort_out, qf_out) = (tmp.join("ort_final.npz"), tmp.join("qforge_final.npz"));
+    let mut args: Vec<&OsStr> = vec![model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str()];
+    args.extend(inputs.iter().map(OsStr::new));
+    let o = oracle("ort_run.py", &args);
+    assert!(o.status.success(), "{name}: ONNX Runtime failed: {}", text(&o.stderr));
+    let mut args: Vec<&OsStr> = vec![OsStr::new("run"), model.as_os_str(), OsStr::new("-o"), qf_out.as_os_str()];
+    args.extend(inputs.iter().map(OsStr::new));
+    let o = qforge(&args);
+    assert!(o.status.success(), "{name}: qforge run failed: {}", text(&o.stderr));
+    let theirs = qforge_data::read_npz(&ort_out).unwrap();
+    let ours = qforge_data::read_npz(&qf_out).unwrap();
+    assert_eq!(theirs.len(), ours.len(), "{name}: output count");
+    for (value, a) in &theirs {
+        let b = &ours.iter().find(|(n, _)| n == value).unwrap_or_else(|| panic!("{name}: qforge gave no '{value}'")).1;
+        assert_eq!(a.dtype(), b.dtype(), "{name}: output '{value}' type");
+        let tolerance = if a.dtype().is_float() { (1e-5, 1e-6) } else { (0.0, 0.0) };
+        let (worst, ok) = qforge_testkit::compare(b, a, tolerance.0, tolerance.1);
+        assert!(ok, "{name}: output '{value}' differs from ONNX Runtime's by up to {worst}");
+    }
 }
 
 /// The benchmark models and how many integer tensors each must at least compare.

@@ -34,3 +34,9 @@ pub const RUNTIME_DOMAIN: &str = "ai.qforge.runtime";
 /// The [`RUNTIME_DOMAIN`] operator mapping 8-bit integers through a 256-entry table, which
 /// sessions run QDQ units of pointwise ops as (see [`LowerOptions`]).
 pub const LOOKUP_TABLE: &str = "LookupTable";
+
+/// The [`RUNTIME_DOMAIN`] operator sessions run a `QLinearConv` followed by a
+/// [`LOOKUP_TABLE`] as: the `QLinearConv`'s inputs and attributes with the table as input 9
+/// (256 uint8 or int8 elements); each requantized output byte `b` becomes `table[b]`, of the
+/// table's type.
+pub const QLINEAR_CONV_LOOKUP: &str = "QLinearConvLookup";

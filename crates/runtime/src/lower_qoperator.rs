@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use qforge_ir::{Attr, DType, Graph, Model, Node, NodeId, OpsetImport, Patch, Tensor, ValueId, ValueType, CAPTURE_USE, MS_DOMAIN};
 
 use crate::kernels::elementwise::is_pointwise;
-use crate::{LOOKUP_TABLE, RUNTIME_DOMAIN};
+use crate::{LOOKUP_TABLE, QLINEAR_CONV_LOOKUP, RUNTIME_DOMAIN};
 
 /// A unit rewritten into integer operators.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +86,9 @@ pub struct LowerLog {
     pub not_lowered: Vec<NotLowered>,
     /// Chains of elementwise nodes composed into lookup tables, after the units were lowered.
     pub composed: Vec<Composed>,
+    /// QLinearConv nodes (names, or `#id (op)`) whose output is mapped through a lookup table
+    /// inside the convolution ([`QLINEAR_CONV_LOOKUP`]), replacing the table's node.
+    pub tables_in_convs: Vec<String>,
     /// `DequantizeLinear -> QuantizeLinear` pairs with equal qparams that were removed.
     pub pairs_removed: usize,
     /// Whether `com.microsoft` operators were written (the model then imports that domain).
@@ -192,6 +195,7 @@ fn lower_graph(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64, &[O
     g.remove_dead_nodes();
     if options.lookup_tables {
         compose_lookups(g, outer, opsets, log)?;
+        tables_into_convs(g, outer, opsets, log)?;
     }
     Ok(())
 }
@@ -1273,6 +1277,40 @@ fn compose_lookups(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64,
         tables.insert(y, t);
     }
     g.remove_dead_nodes();
+    Ok(())
+}
+
+/// Moves lookup tables into the convolutions they follow: a [`LOOKUP_TABLE`] whose input is
+/// the output of a default-domain `QLinearConv` read by nothing else (no other node, graph
+/// output or subgraph) becomes, with that convolution, one [`QLINEAR_CONV_LOOKUP`] node: the
+/// convolution's inputs and attributes, the table as input 9, the table's output, and the
+/// convolution's name. The convolution kernels apply the table to each block of output bytes
+/// right after requantizing it, on the thread that computed it, instead of in a second pass
+/// over the whole output. Each one is listed in [`LowerLog::tables_in_convs`].
+fn tables_into_convs(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i64, &[OpsetImport]), log: &mut LowerLog) -> Result<(), LowerError> {
+    let (opset, imports) = opsets;
+    let lookups: Vec<NodeId> = g.nodes().filter(|(_, n)| n.op_type == LOOKUP_TABLE && n.domain == RUNTIME_DOMAIN).map(|(id, _)| id).collect();
+    for id in lookups {
+        let ctx = Ctx { g, outer, opset, imports };
+        let n = ctx.node(id);
+        let (Some(x), Some(table), Some(y)) = (n.input(0), n.input(1), n.output(0)) else { continue };
+        let Some((conv_id, _)) = ctx.g.producer(x) else { continue };
+        let conv = ctx.node(conv_id);
+        let sole_reader = ctx.plain_readers(x).is_some_and(|r| r.len() == 1);
+        if !(conv.op_type == "QLinearConv" && conv.domain.is_empty() && conv.outputs.len() == 1 && sole_reader && ctx.constant(table).is_some()) {
+            continue;
+        }
+        let mut inputs = conv.inputs.clone();
+        inputs.resize(9, None);
+        inputs.push(Some(table));
+        let name = conv.display_name(conv_id);
+        let attrs = conv.attrs.clone();
+        let mut b = Builder::new(&ctx, conv_id);
+        b.add(QLINEAR_CONV_LOOKUP, RUNTIME_DOMAIN, None, inputs, vec![y], attrs);
+        let rw = b.done(&[conv_id, id], QLINEAR_CONV_LOOKUP, false);
+        g.apply(rw.patch).map_err(|e| LowerError::Model(format!("graph '{}': {e}", g.name)))?;
+        log.tables_in_convs.push(name);
+    }
     Ok(())
 }
 

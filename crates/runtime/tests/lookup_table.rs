@@ -2,7 +2,9 @@
 //! sessions run as 256-entry lookup tables, give bit for bit the integers of the same units
 //! run step by step in float (the plan runs with hooks use) and of ONNX Runtime running the
 //! QDQ model: uint8 and int8, random qparams, every input byte and data large enough to be
-//! split across threads.
+//! split across threads. Chains of such units compose into one table, and a table after a
+//! quantized convolution runs inside the convolution's kernels; both still match ONNX
+//! Runtime.
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType};
 use qforge_runtime::{Hooks, Session, SessionOptions, ValueEvent, LOOKUP_TABLE};
@@ -241,6 +243,98 @@ fn chains_of_elementwise_integer_ops_over_one_value_compose_into_one_table_like_
                 for i in 0..a.len() {
                     assert_eq!(a[i], b[i], "{what}: output {} element {i} (x = {})", o.0, feeds[0].1.to_i64_vec().unwrap()[i]);
                 }
+                total += a.len();
+            }
+        }
+    }
+    println!("{total} elements bit-identical");
+}
+
+/// One convolution of [`conv_then_hardswish`]: input channels, output channels, group, input
+/// height and width, kernel size, stride and padding (both axes).
+type ConvCase = (usize, usize, usize, usize, usize, usize, usize, usize);
+
+/// `x -> QLinearConv -> DequantizeLinear -> HardSwish -> QuantizeLinear -> y`: activations
+/// of type `d` with random per-tensor qparams, symmetric int8 weights with one scale per
+/// output channel and an int32 bias. Weights stay within `[-64, 63]`, where ONNX Runtime's
+/// u8 x s8 kernels are exact on every x86 CPU.
+fn conv_then_hardswish(d: DType, c: &ConvCase, rng: &mut Rng) -> (Model, Vec<(String, Tensor)>) {
+    let &(ci, co, group, ih, iw, k, stride, pad) = c;
+    let (lo, hi) = range(d);
+    let mut g = Graph::new("g");
+    let xv = g.add_input("x", Some(ValueType::tensor_of(d, &[1, ci as i64, ih as i64, iw as i64]))).unwrap();
+    let init = |g: &mut Graph, name: &str, t: Tensor| g.add_initializer(name, t).unwrap();
+    let xs = init(&mut g, "xs", Tensor::scalar(rng.pick(&[0.02f32, 0.05, 0.013])));
+    let xz = init(&mut g, "xz", q8(d, &[], &[rng.int(lo / 2, hi / 2)]));
+    let w = (0..co * ci / group * k * k).map(|_| rng.int(-64, 63)).collect::<Vec<_>>();
+    let wq = init(&mut g, "wq", q8(DType::I8, &[co, ci / group, k, k], &w));
+    let ws = init(&mut g, "ws", Tensor::from_vec(&[co], (0..co).map(|_| rng.pick(&[0.01f32, 0.004, 0.02, 0.0071])).collect()).unwrap());
+    let wz = init(&mut g, "wz", Tensor::from_vec(&[co], vec![0i8; co]).unwrap());
+    let bias = init(&mut g, "bias", Tensor::from_vec(&[co], (0..co).map(|_| rng.int(-3000, 3000) as i32).collect()).unwrap());
+    let s1 = init(&mut g, "s1", Tensor::scalar(rng.pick(&[0.03f32, 0.06, 0.11])));
+    let z1 = init(&mut g, "z1", q8(d, &[], &[rng.int(lo, hi)]));
+    let s2 = init(&mut g, "s2", Tensor::scalar(rng.pick(&[0.02f32, 0.05])));
+    let z2 = init(&mut g, "z2", q8(d, &[], &[rng.int(lo, hi)]));
+    let add = |g: &mut Graph, op: &str, inputs: Vec<ValueId>, attrs: Vec<(&str, Attr)>| {
+        let out = g.new_value(format!("{op}_out"), None).unwrap();
+        let mut n = Node::new(op, format!("{op}_node")).with_outputs(vec![out]);
+        n.inputs = inputs.into_iter().map(Some).collect();
+        for (k, v) in attrs {
+            n = n.with_attr(k, v);
+        }
+        g.add_node(n).unwrap();
+        out
+    };
+    let attrs = vec![
+        ("group", Attr::Int(group as i64)),
+        ("kernel_shape", Attr::Ints(vec![k as i64; 2])),
+        ("strides", Attr::Ints(vec![stride as i64; 2])),
+        ("pads", Attr::Ints(vec![pad as i64; 4])),
+    ];
+    let conv = add(&mut g, "QLinearConv", vec![xv, xs, xz, wq, ws, wz, s1, z1, bias], attrs);
+    let f = add(&mut g, "DequantizeLinear", vec![conv, s1, z1], vec![]);
+    let h = add(&mut g, "HardSwish", vec![f], vec![]);
+    let y = add(&mut g, "QuantizeLinear", vec![h, s2, z2], vec![]);
+    g.set_outputs(vec![y]).unwrap();
+    let x = q8(d, &[1, ci, ih, iw], &(0..ci * ih * iw).map(|_| rng.int(lo, hi)).collect::<Vec<_>>());
+    let m = Model { ir_version: 10, opset_imports: vec![OpsetImport { domain: String::new(), version: 21 }], graph: g, ..Default::default() };
+    (m, vec![("x".to_string(), x)])
+}
+
+#[test]
+fn lookup_tables_after_convolutions_run_inside_them_like_onnx_runtime() {
+    let dir = TempDir::new("lut-conv");
+    // Pointwise over 7 panels of positions (split unevenly across 2 threads), dense 3 x 3,
+    // depthwise with stride 2, depthwise 5 x 5 over two rows (kernel rows wholly in the
+    // padding), a grouped convolution, and a 7 x 7 image (too few positions for the NCHW
+    // kernels).
+    let cases: [ConvCase; 6] = [
+        (48, 64, 1, 14, 14, 1, 1, 0),
+        (8, 24, 1, 20, 30, 3, 1, 1),
+        (32, 32, 32, 33, 29, 3, 2, 1),
+        (40, 40, 40, 2, 96, 5, 1, 2),
+        (12, 18, 3, 16, 16, 3, 1, 1),
+        (64, 48, 1, 7, 7, 1, 1, 0),
+    ];
+    let mut total = 0;
+    for d in [DType::U8, DType::I8] {
+        for (i, case) in cases.iter().enumerate() {
+            let mut rng = Rng::new(500 + i as u64);
+            let (m, feeds) = conv_then_hardswish(d, case, &mut rng);
+            let path = dir.path().join("m.onnx");
+            qforge_onnx::save(&m, &path).unwrap();
+            let ort = ort_run(&path, &feeds, 1);
+            for threads in [1, 2] {
+                let what = format!("{d} case {case:?} threads {threads}");
+                let s = Session::with_options(&m, SessionOptions { threads }).unwrap();
+                let log = s.qdq_lowering().unwrap();
+                assert_eq!(log.tables_in_convs.len(), 1, "{what}: the HardSwish table runs inside the convolution: {log:?}");
+                let ours = s.run(feeds.clone()).unwrap();
+                assert_eq!(ours[0].1.dtype(), d, "{what}");
+                let (a, b) = (ours[0].1.to_i64_vec().unwrap(), ort[0].1.to_i64_vec().unwrap());
+                assert_eq!(a.len(), b.len(), "{what}");
+                let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+                assert_eq!(differ, 0, "{what}: {differ} of {} outputs differ from ONNX Runtime's", a.len());
                 total += a.len();
             }
         }

@@ -11,7 +11,7 @@ mod matmul;
 mod norm;
 mod pool;
 mod qlinear;
-mod qlinear_ms;
+pub(crate) mod qlinear_ms;
 mod quantize;
 mod reduce;
 mod resize;

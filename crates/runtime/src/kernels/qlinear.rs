@@ -34,14 +34,16 @@ use qforge_ir::{DType, Tensor, MS_DOMAIN};
 use super::conv::{Axis, Window};
 use super::util::{broadcast_shape, input, opt_input, par_chunks_mut, par_steps, tensor, threads, vectorized_wide};
 use crate::qgemm::{self, gemm, gemm_i32, ASource, Block, FillRows, Gemm, Int8, Isa, Out8, PackedB, Scale, SharedOut, ZeroPoints};
-use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
+use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST, QLINEAR_CONV_LOOKUP, RUNTIME_DOMAIN};
 
-/// Registers MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv and `com.microsoft` QGemm.
+/// Registers MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, `com.microsoft` QGemm and
+/// the sessions' [`QLINEAR_CONV_LOOKUP`].
 pub fn register(r: &mut Registry) {
     r.add("", "MatMulInteger", 10, LATEST, matmul_integer);
     r.add("", "QLinearMatMul", 10, LATEST, qlinear_matmul);
     r.add("", "ConvInteger", 10, LATEST, conv_integer);
     r.add("", "QLinearConv", 10, LATEST, qlinear_conv);
+    r.add(RUNTIME_DOMAIN, QLINEAR_CONV_LOOKUP, 1, LATEST, qlinear_conv_lookup);
     r.add(MS_DOMAIN, "QGemm", 1, 1, qgemm_op);
 }
 
@@ -627,13 +629,15 @@ struct ConvWeights {
     depthwise: Option<qgemm::depthwise::DepthwiseW>,
 }
 
-/// ConvInteger and QLinearConv.
+/// ConvInteger and QLinearConv (with a lookup table on its output: [`QLINEAR_CONV_LOOKUP`]).
 struct QConv {
     kind: ConvKind,
     window: Window,
     group: usize,
     isa: Isa,
     weights: Option<Arc<ConvWeights>>,
+    /// The table each requantized output byte is mapped through, and the output type it gives.
+    table: Option<([u8; 256], Int8)>,
 }
 
 /// `ConvInteger` (weights at input 1).
@@ -646,9 +650,25 @@ fn qlinear_conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     qconv(info, ConvKind::QLinear, 3)
 }
 
+/// [`QLINEAR_CONV_LOOKUP`]: `QLinearConv` with a constant table of 256 8-bit elements at
+/// input 9.
+fn qlinear_conv_lookup(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let t = info.const_input(9).ok_or_else(|| info.error("the table (input 9) must be a constant"))?;
+    let (kind, bytes) = int8_of(t, "the table").map_err(|e| info.error(e.to_string()))?;
+    let bytes: [u8; 256] = bytes.try_into().map_err(|_| info.error(format!("the table must have 256 elements, got shape {:?}", t.shape())))?;
+    let mut conv = qconv_kernel(info, ConvKind::QLinear, 3)?;
+    conv.table = Some((bytes, kind));
+    Ok(Box::new(conv))
+}
+
 /// Reads the window attributes and `group` (an error names the node when it is below 1), and
 /// packs constant 1-D/2-D weights per group unless the convolution is depthwise.
 fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<dyn Kernel>> {
+    Ok(Box::new(qconv_kernel(info, kind, w_index)?))
+}
+
+/// The kernel [`qconv`] boxes.
+fn qconv_kernel(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<QConv> {
     let window = Window::from_node(info)?;
     let group = info.attr_int("group", 1);
     if group < 1 {
@@ -674,7 +694,7 @@ fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<d
             depthwise: (kind == ConvKind::QLinear && geo.depthwise_shape() && qgemm::depthwise::available()).then(|| qgemm::depthwise::DepthwiseW::pack(wt, bytes, geo.m, geo.kh, geo.kw)),
         }))
     });
-    Ok(Box::new(QConv { kind, window, group, isa, weights }))
+    Ok(QConv { kind, window, group, isa, weights, table: None })
 }
 
 /// Whether a convolution of this kind, weight geometry and window may run on the NCHW kernel
@@ -933,11 +953,12 @@ enum ConvOut {
     I8(Vec<i8>, i32),
 }
 
-/// Requantization parameters of QLinearConv: the per-channel (or single) multiplier and the
-/// optional int32 bias per output channel.
+/// Requantization parameters of QLinearConv: the per-channel (or single) multiplier, the
+/// optional int32 bias per output channel and the optional table of [`QLINEAR_CONV_LOOKUP`].
 struct Requant {
     mult: Vec<f32>,
     bias: Option<Vec<i32>>,
+    table: Option<[u8; 256]>,
 }
 
 impl Kernel for QConv {
@@ -1021,12 +1042,14 @@ impl Kernel for QConv {
                 Int8::U8 => ConvOut::U8(vec![0; len], z),
                 Int8::I8 => ConvOut::I8(vec![0; len], z),
             };
-            (Some(Requant { mult, bias }), out)
+            (Some(Requant { mult, bias, table: self.table.map(|t| t.0) }), out)
         } else {
             (None, ConvOut::I32(vec![0; n * m * oh * ow]))
         };
         let plane_in = ih * iw;
         let plane = oh * ow;
+        // Whether the kernel that ran applied the table itself, block by block.
+        let mut tabled = false;
         if n > 0 && m > 0 && plane > 0 {
             if geo.depthwise_shape() {
                 #[cfg(target_arch = "x86_64")]
@@ -1036,7 +1059,7 @@ impl Kernel for QConv {
                 let dw = DepthwiseWeights { w: wb, wt, w_zp: &w_zp, prepared };
                 for b in 0..n {
                     let img = &xb[b * c * plane_in..(b + 1) * c * plane_in];
-                    depthwise(img, xt, x_zp, &dw, h, wa, requant.as_ref(), &mut out, b * m * plane);
+                    tabled = depthwise(img, xt, x_zp, &dw, h, wa, requant.as_ref(), &mut out, b * m * plane);
                 }
             } else if plane >= NCHW_MIN_PLANE && nchw_kernel(self.kind, &geo, &self.window) {
                 #[cfg(target_arch = "x86_64")]
@@ -1065,6 +1088,7 @@ impl Kernel for QConv {
                                 bias: rq.bias.as_ref().map(|v| &v[j0..j0 + mg]),
                                 w_zp: if w_zp.len() == 1 { ZeroPoints::Tensor(w_zp[0]) } else { ZeroPoints::Each(&w_zp[j0..j0 + mg]) },
                                 y_zp,
+                                table: rq.table.as_ref(),
                             };
                             let at = (b * m + j0) * plane..(b * m + j0 + mg) * plane;
                             match &mut out {
@@ -1074,6 +1098,7 @@ impl Kernel for QConv {
                             }
                         }
                     }
+                    tabled = true;
                 }
             } else {
                 let owned;
@@ -1098,10 +1123,24 @@ impl Kernel for QConv {
             }
         }
         let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
-        Ok(vec![match out {
-            ConvOut::I32(v) => tensor(&shape, v)?,
-            ConvOut::U8(v, _) => tensor(&shape, v)?,
-            ConvOut::I8(v, _) => tensor(&shape, v)?,
+        let (mut bytes, own_type) = match out {
+            ConvOut::I32(v) => return Ok(vec![tensor(&shape, v)?]),
+            ConvOut::U8(v, _) => (v, Int8::U8),
+            ConvOut::I8(v, _) => (bytemuck::allocation::cast_vec(v), Int8::I8),
+        };
+        let out_type = match self.table {
+            Some((table, table_type)) => {
+                if !tabled {
+                    // SAFETY: `bytes` is exclusively borrowed: one run of all its bytes.
+                    unsafe { super::qlinear_ms::lookup_in_place(bytes.as_mut_ptr(), bytes.len(), 1, 0, &table) };
+                }
+                table_type
+            }
+            None => own_type,
+        };
+        Ok(vec![match out_type {
+            Int8::U8 => tensor(&shape, bytes)?,
+            Int8::I8 => tensor(&shape, bytemuck::allocation::cast_vec::<u8, i8>(bytes))?,
         }])
     }
 }
@@ -1191,8 +1230,11 @@ struct DepthwiseWeights<'a> {
 /// QLinearConv runs on the NCHW kernel of [`qgemm::depthwise`] instead when the CPU and the
 /// horizontal geometry allow, and on the NCHW AVX2 kernel of [`qgemm::depthwise_avx2`] on
 /// CPUs with AVX2 but without the former's extensions.
+///
+/// Returns whether the kernel that ran applied `rq`'s table (the NCHW kernels do, block by
+/// block); when it did not, the caller applies it to the whole output.
 #[allow(clippy::too_many_arguments)]
-fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa: Axis, rq: Option<&Requant>, out: &mut ConvOut, base: usize) {
+fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa: Axis, rq: Option<&Requant>, out: &mut ConvOut, base: usize) -> bool {
     let DepthwiseWeights { w, wt, w_zp, .. } = *dw;
     let plane_in = h.input * wa.input;
     let c = img.len() / plane_in.max(1);
@@ -1204,6 +1246,7 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa
             bias: rq.bias.as_deref(),
             w_zp: zp_arg(w_zp),
             y_zp,
+            table: rq.table.as_ref(),
         };
         let at = base..base + c * h.output * wa.output;
         if qgemm::depthwise::available() && qgemm::depthwise::supports(&wa) {
@@ -1220,7 +1263,7 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa
                 ConvOut::I8(v, z) => qgemm::depthwise::depthwise_requant(&inp, packed, &crq(*z), &mut v[at], true),
                 ConvOut::I32(_) => unreachable!("ConvInteger has no output stage"),
             }
-            return;
+            return true;
         }
         if !qgemm::depthwise::available() && qgemm::depthwise_avx2::available() && qgemm::depthwise_avx2::worth_it(&wa) {
             match out {
@@ -1228,13 +1271,14 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa
                 ConvOut::I8(v, z) => qgemm::depthwise_avx2::depthwise_requant(&inp, w, wt, &crq(*z), &mut v[at], true),
                 ConvOut::I32(_) => unreachable!("ConvInteger has no output stage"),
             }
-            return;
+            return true;
         }
     }
     with_buffer(&IMAGE, img.len(), |x| {
         to_channels_last(img, c, plane_in, x);
         depthwise_nhwc(x, c, xt, x_zp, w, wt, w_zp, h, wa, rq, out, base)
-    })
+    });
+    false
 }
 
 /// [`depthwise`] on the channels-last image `x` (`c` channels).

@@ -160,75 +160,116 @@ fn lookup_all(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
 /// `dst[i] = table[src[i]]` over slices of equal length, 64 bytes per step with AVX-512 VBMI
 /// byte permutes when the CPU has them, else 32 bytes per step with AVX2 byte shuffles.
 fn lookup_bytes(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+    let n = src.len().min(dst.len());
+    // SAFETY: `src` and `dst` are distinct slices of at least `n` bytes: one row.
+    unsafe { lookup_raw(Rows { src: src.as_ptr(), dst: dst.as_mut_ptr().cast(), len: n, count: 1, stride: 0 }, table) }
+}
+
+/// Maps `count` runs of `len` bytes, `stride` bytes apart from `at`, through `table` in place,
+/// as [`lookup_bytes`] computes it: a lookup table applied to a kernel's output while it is
+/// still in cache.
+///
+/// # Safety
+/// The runs must be valid for reads and writes and accessed by no one else meanwhile.
+pub(crate) unsafe fn lookup_in_place(at: *mut u8, len: usize, count: usize, stride: usize, table: &[u8; 256]) {
+    // SAFETY: the caller's runs, each read before it is written.
+    unsafe { lookup_raw(Rows { src: at, dst: at, len, count, stride }, table) }
+}
+
+/// `count` runs of `len` bytes to map, `stride` bytes apart, read from `src` and written to
+/// `dst` (the same bytes, or bytes disjoint from them).
+#[derive(Clone, Copy)]
+struct Rows {
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    count: usize,
+    stride: usize,
+}
+
+/// `dst[i] = table[src[i]]` over the runs, with the best instructions of this CPU.
+///
+/// # Safety
+/// `src`'s runs must be readable and `dst`'s writable, each step reading its bytes before it
+/// writes them.
+unsafe fn lookup_raw(rows: Rows, table: &[u8; 256]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512vbmi") && std::arch::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the CPU supports AVX-512 F/BW/VBMI, checked just above.
-            return unsafe { lookup_vbmi(src, table, dst) };
+            // SAFETY: the CPU supports AVX-512 F/BW/VBMI, checked just above; the runs are
+            // the caller's.
+            return unsafe { lookup_vbmi(rows, table) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { lookup_avx2(src, table, dst) };
+            // SAFETY: the CPU supports AVX2, checked just above; the runs are the caller's.
+            return unsafe { lookup_avx2(rows, table) };
         }
     }
-    lookup_scalar(src, table, dst)
+    // SAFETY: the runs are the caller's.
+    unsafe { lookup_scalar(rows, table) }
 }
 
-/// `dst[i] = table[src[i]]`, one byte at a time.
-fn lookup_scalar(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        d.write(table[s as usize]);
+/// [`lookup_raw`] one byte at a time.
+///
+/// # Safety
+/// As [`lookup_raw`].
+unsafe fn lookup_scalar(rows: Rows, table: &[u8; 256]) {
+    for r in 0..rows.count {
+        for i in r * rows.stride..r * rows.stride + rows.len {
+            // SAFETY: byte `i` of run `r`, inside the caller's runs.
+            unsafe { *rows.dst.add(i) = table[*rows.src.add(i) as usize] };
+        }
     }
 }
 
-/// [`lookup_bytes`] with AVX2: the table is sixteen 16-entry rows, one per high nibble. For
+/// [`lookup_raw`] with AVX2: the table is sixteen 16-entry rows, one per high nibble. For
 /// row `h`, `vpshufb` looks up the low nibble of every index in row `h` and gives 0 where the
 /// shuffle index has its top bit set; the index passed is `(x - 16 h) +sat 0x70`, whose top
 /// bit is clear exactly when `x`'s high nibble is `h` (then it is `0x70 | low nibble`), so
-/// OR-ing the sixteen lookups leaves each byte's own entry. The tail runs one byte at a time.
+/// OR-ing the sixteen lookups leaves each byte's own entry. Tails run one byte at a time.
 ///
 /// # Safety
-/// The CPU supports AVX2.
+/// The CPU supports AVX2; the runs are as for [`lookup_raw`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn lookup_avx2(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+unsafe fn lookup_avx2(rows: Rows, table: &[u8; 256]) {
     use std::arch::x86_64::*;
-    let n = src.len().min(dst.len());
-    let (s, d, t) = (src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), table.as_ptr());
+    let t = table.as_ptr();
     // SAFETY: the table has 256 bytes (row `h` at `16 h`); every load and store below covers
-    // bytes `i..i + 32` with `i + 32 <= n` of slices at least `n` long.
-    let done = unsafe {
-        let rows: [__m256i; 16] = std::array::from_fn(|h| _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16 * h).cast())));
+    // bytes `i..i + 32` of a run with `i + 32 <= len`; the tails are inside the runs too.
+    unsafe {
+        let lut: [__m256i; 16] = std::array::from_fn(|h| _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16 * h).cast())));
         let (step, bias) = (_mm256_set1_epi8(16), _mm256_set1_epi8(0x70));
-        let mut i = 0;
-        while i + 32 <= n {
-            let mut x = _mm256_loadu_si256(s.add(i).cast());
-            let mut y = _mm256_setzero_si256();
-            for row in &rows {
-                y = _mm256_or_si256(y, _mm256_shuffle_epi8(*row, _mm256_adds_epu8(x, bias)));
-                x = _mm256_sub_epi8(x, step);
+        for r in 0..rows.count {
+            let (src, dst) = (rows.src.add(r * rows.stride), rows.dst.add(r * rows.stride));
+            let mut i = 0;
+            while i + 32 <= rows.len {
+                let mut x = _mm256_loadu_si256(src.add(i).cast());
+                let mut y = _mm256_setzero_si256();
+                for row in &lut {
+                    y = _mm256_or_si256(y, _mm256_shuffle_epi8(*row, _mm256_adds_epu8(x, bias)));
+                    x = _mm256_sub_epi8(x, step);
+                }
+                _mm256_storeu_si256(dst.add(i).cast(), y);
+                i += 32;
             }
-            _mm256_storeu_si256(d.add(i).cast(), y);
-            i += 32;
+            lookup_scalar(Rows { src: src.add(i), dst: dst.add(i), len: rows.len - i, count: 1, stride: 0 }, table);
         }
-        i
-    };
-    lookup_scalar(&src[done..n], table, &mut dst[done..n]);
+    }
 }
 
-/// [`lookup_bytes`] with AVX-512 VBMI: two `vpermi2b` look up each index's low seven bits in
-/// the table's halves and its top bit picks between them; the tail is masked.
+/// [`lookup_raw`] with AVX-512 VBMI: two `vpermi2b` look up each index's low seven bits in
+/// the table's halves and its top bit picks between them; tails are masked.
 ///
 /// # Safety
-/// The CPU supports AVX-512 F, BW and VBMI.
+/// The CPU supports AVX-512 F, BW and VBMI; the runs are as for [`lookup_raw`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn lookup_vbmi(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+unsafe fn lookup_vbmi(rows: Rows, table: &[u8; 256]) {
     use std::arch::x86_64::*;
-    let n = src.len().min(dst.len());
-    let (s, d, t) = (src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), table.as_ptr());
+    let t = table.as_ptr();
     // SAFETY: the table has 256 bytes; every load and store below covers bytes `i..i + 64`
-    // with `i + 64 <= n`, or the masked bytes `i..n`, of slices at least `n` long.
+    // of a run with `i + 64 <= len`, or its masked bytes `i..len`.
     unsafe {
         let (t0, t1) = (_mm512_loadu_si512(t.cast()), _mm512_loadu_si512(t.add(64).cast()));
         let (t2, t3) = (_mm512_loadu_si512(t.add(128).cast()), _mm512_loadu_si512(t.add(192).cast()));
@@ -237,14 +278,18 @@ unsafe fn lookup_vbmi(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]
             let hi = _mm512_permutex2var_epi8(t2, idx, t3);
             _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi)
         };
-        let mut i = 0;
-        while i + 64 <= n {
-            _mm512_storeu_si512(d.add(i).cast(), map(_mm512_loadu_si512(s.add(i).cast())));
-            i += 64;
-        }
-        if i < n {
-            let mask: __mmask64 = (1u64 << (n - i)) - 1;
-            _mm512_mask_storeu_epi8(d.add(i).cast(), mask, map(_mm512_maskz_loadu_epi8(mask, s.add(i).cast())));
+        let n = rows.len;
+        for r in 0..rows.count {
+            let (src, dst) = (rows.src.add(r * rows.stride), rows.dst.add(r * rows.stride));
+            let mut i = 0;
+            while i + 64 <= n {
+                _mm512_storeu_si512(dst.add(i).cast(), map(_mm512_loadu_si512(src.add(i).cast())));
+                i += 64;
+            }
+            if i < n {
+                let mask: __mmask64 = u64::MAX >> (64 - (n - i));
+                _mm512_mask_storeu_epi8(dst.add(i).cast(), mask, map(_mm512_maskz_loadu_epi8(mask, src.add(i).cast())));
+            }
         }
     }
 }
@@ -854,19 +899,27 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn avx2_lookup_matches_the_table() {
+    fn avx2_lookup_matches_the_table_out_of_place_and_in_place() {
         if !std::arch::is_x86_feature_detected!("avx2") {
             return;
         }
         let table: [u8; 256] = std::array::from_fn(|i| (i as u8).wrapping_mul(167).wrapping_add(29) ^ (i >> 3) as u8);
         let src: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).chain(0..=255).collect();
         for len in (0..70).chain([255, 256, src.len()]) {
-            let mut dst = vec![MaybeUninit::new(0u8); len];
-            // SAFETY: the CPU supports AVX2, checked above.
-            unsafe { lookup_avx2(&src[..len], &table, &mut dst) };
-            for (i, (d, &x)) in dst.iter().zip(&src).enumerate() {
-                // SAFETY: every element was initialized when `dst` was made.
-                assert_eq!(unsafe { d.assume_init() }, table[x as usize], "length {len}, byte {i}");
+            let mut dst = vec![0u8; len];
+            // SAFETY: the CPU supports AVX2, checked above; `src` and `dst` hold `len` bytes.
+            unsafe { lookup_avx2(Rows { src: src.as_ptr(), dst: dst.as_mut_ptr(), len, count: 1, stride: 0 }, &table) };
+            for (i, (&d, &x)) in dst.iter().zip(&src).enumerate() {
+                assert_eq!(d, table[x as usize], "length {len}, byte {i}");
+            }
+            // In place, in three runs of `len / 4` bytes `len / 4 + 1` apart.
+            let (run, count) = (len / 4, 3);
+            let mut same = src.clone();
+            // SAFETY: as above; the runs end within `3 (len / 4 + 1) <= src.len()` bytes.
+            unsafe { lookup_avx2(Rows { src: same.as_ptr(), dst: same.as_mut_ptr(), len: run, count, stride: run + 1 }, &table) };
+            for (i, (&d, &x)) in same.iter().zip(&src).enumerate() {
+                let mapped = i % (run + 1) < run && i < count * (run + 1);
+                assert_eq!(d, if mapped { table[x as usize] } else { x }, "length {len}, byte {i} in place");
             }
         }
     }

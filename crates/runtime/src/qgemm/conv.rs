@@ -93,13 +93,30 @@ pub(crate) struct ConvInput<'a> {
 /// The output stage of a requantized convolution group, indexed by the group's output
 /// channels: the multiplier (`x_scale * w_scale / y_scale`, one or one per channel), the
 /// optional `i32` bias, the weight zero points (one or one per channel, in the weights'
-/// domain) and the output zero point.
+/// domain), the output zero point, and an optional table that each requantized output byte
+/// is then mapped through (applied by the kernels to each block they finish).
 #[derive(Clone, Copy)]
 pub(crate) struct ConvRequant<'a> {
     pub scale: Scale<'a>,
     pub bias: Option<&'a [i32]>,
     pub w_zp: ZeroPoints<'a>,
     pub y_zp: i32,
+    pub table: Option<&'a [u8; 256]>,
+}
+
+impl ConvRequant<'_> {
+    /// Maps `count` runs of `len` output values, `stride` values apart from `at`, through the
+    /// table, if there is one.
+    ///
+    /// # Safety
+    /// The runs must be valid for reads and writes, and no other thread may access them
+    /// meanwhile.
+    pub(crate) unsafe fn map<T: Out8>(&self, at: *mut T, len: usize, count: usize, stride: usize) {
+        if let Some(table) = self.table {
+            // SAFETY: the caller's runs; `T` is one byte wide.
+            unsafe { crate::kernels::qlinear_ms::lookup_in_place(at.cast::<u8>(), len, count, stride, table) };
+        }
+    }
 }
 
 impl ConvRequant<'_> {
@@ -187,17 +204,29 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
         })
         .collect();
     let pointwise = h.kernel == 1 && w.kernel == 1 && h.stride == 1 && w.stride == 1 && h.pad_begin + h.pad_end + w.pad_begin + w.pad_end == 0;
-    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, plane, taps, cols, pointwise };
-    let blocks = plane.div_ceil(NR * PANELS);
-    let o = SharedOut::new(&mut out[..m * plane]);
     let threads = crate::kernels::util::threads();
-    if parallel && threads > 1 && blocks > 1 && (m * k * plane) as u64 >= 1 << 18 {
+    let panels = plane.div_ceil(NR);
+    let split = parallel && threads > 1 && panels > 1 && (m * k * plane) as u64 >= 1 << 18;
+    let block_panels = block_panels(panels, if split { threads } else { 1 });
+    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, block_panels, taps, cols, pointwise };
+    let blocks = panels.div_ceil(block_panels);
+    let o = SharedOut::new(&mut out[..m * plane]);
+    if split {
         use rayon::prelude::*;
         (0..blocks).into_par_iter().for_each_init(AlignedBuf::default, |buf, b| job.block(buf, b, &o));
     } else {
         let mut buf = AlignedBuf::default();
         (0..blocks).for_each(|b| job.block(&mut buf, b, &o));
     }
+}
+
+/// Panels per block of positions when `panels` panels are computed by `threads` threads: at
+/// most [`PANELS`], and blocks of nearly equal size in a multiple of `threads` (while there
+/// are panels enough), so that a small image keeps every thread busy and no thread gets a
+/// block more than another.
+fn block_panels(panels: usize, threads: usize) -> usize {
+    let blocks = panels.div_ceil(PANELS).div_ceil(threads) * threads;
+    panels.div_ceil(blocks.min(panels).max(1))
 }
 
 /// One convolution group's constants for its blocks.
@@ -212,7 +241,11 @@ struct Job<'a> {
     lo: f32,
     hi: f32,
     zp: i32,
+    /// The output stage, for its table.
+    rq: ConvRequant<'a>,
     plane: usize,
+    /// Panels of [`NR`] positions per block ([`block_panels`]).
+    block_panels: usize,
     /// Per depth `(c, ki, kj)`: the channel's offset in `x`, `ki * dilation - pad_begin` on
     /// the rows, and `kj`.
     taps: Vec<(usize, isize, usize)>,
@@ -228,8 +261,8 @@ impl Job<'_> {
     /// Packs block `b` of positions into `buf` and computes every output channel of it.
     fn block<T: Out8>(&self, buf: &mut AlignedBuf, b: usize, out: &SharedOut<T>) {
         let groups = self.wts.kp / 4;
-        let p0 = b * NR * PANELS;
-        let n = (self.plane - p0).min(NR * PANELS);
+        let p0 = b * NR * self.block_panels;
+        let n = (self.plane - p0).min(NR * self.block_panels);
         let panels = n.div_ceil(NR);
         let panel_bytes = groups * NR * 4;
         buf.reserve_len(panels * panel_bytes + panels * NR * 4);
@@ -276,6 +309,8 @@ impl Job<'_> {
                 }
             }
         }
+        // SAFETY: this block owns positions `p0..p0 + n` of every output plane, just written.
+        unsafe { self.rq.map(out.ptr(p0, (m - 1) * self.plane + n), n, m, self.plane) };
     }
 
     /// Writes the B panel of positions `q0..q0 + cols` (`cols <= 32`): for each group of 4
@@ -500,11 +535,14 @@ mod tests {
                 let want = naive_conv(&x, xt, xz, &w, wt, &wz, c, m, 1, h, wa, &bias, &scale, yz);
                 let cw = ConvW::pack(wt, &w, m, k);
                 let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
+                let table: Option<[u8; 256]> = (ci % 3 == 2).then(|| std::array::from_fn(|_| next() as u8));
+                let want: Vec<u8> = want.iter().map(|&b| table.map_or(b, |t| t[b as usize])).collect();
                 let rq = ConvRequant {
                     scale: Scale::Each(&scale),
                     bias: Some(&bias),
                     w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
                     y_zp: yz,
+                    table: table.as_ref(),
                 };
                 for parallel in [false, true] {
                     let got: Vec<u8> = if xt == Int8::U8 {
@@ -516,7 +554,7 @@ mod tests {
                         conv_requant(&cw, &inp, &rq, &mut o, parallel);
                         o.into_iter().map(|v| v as u8).collect()
                     };
-                    assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} symmetric {symmetric}");
+                    assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} symmetric {symmetric} table {}", table.is_some());
                 }
             }
         }

@@ -109,11 +109,12 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     let run = |bufs: &mut Buffers, i: usize| {
         let (ch, band) = (i / per_ch, i % per_ch);
         let (oy0, oy1) = (band * BAND, ((band + 1) * BAND).min(h.output));
-        // SAFETY: the CPU has AVX2 (asserted above); item `i` writes output rows `oy0..oy1`
-        // of plane `ch` only, which no other item writes.
+        // SAFETY: the CPU has AVX2 (asserted above); item `i` writes (and maps through the
+        // table) output rows `oy0..oy1` of plane `ch` only, which no other item writes.
         unsafe {
             let dst = o.ptr(ch * plane + oy0 * wa.output, (oy1 - oy0) * wa.output);
             job.item::<T>(bufs, ch, oy0, oy1, dst);
+            rq.map(dst, (oy1 - oy0) * wa.output, 1, 0);
         }
     };
     let threads = if parallel { crate::kernels::util::threads() } else { 1 };

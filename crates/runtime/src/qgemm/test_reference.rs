@@ -72,8 +72,8 @@ pub(crate) const DEPTHWISE_CASES: [(usize, AxisSpec, AxisSpec); 13] = [
 /// Checks a requantized depthwise kernel against [`naive_conv`]: for each case
 /// `(channels, height axis, width axis)` and each signedness pair of input and weights, draws
 /// random data from `seed` (per-channel weight zero points on even cases, some of them at the
-/// value needing no window sums, input and output zero points anywhere, biases and scales),
-/// and requires `run(input, weights, weight type, requantization)` (the output bytes) to equal
+/// value needing no window sums, input and output zero points anywhere, biases and scales,
+/// an output table on every third case), and requires `run(input, weights, weight type, requantization)` (the output bytes) to equal
 /// the naive convolution's on 1 and 2 threads.
 pub(crate) fn check_depthwise(seed: u64, cases: &[(usize, AxisSpec, AxisSpec)], run: impl Fn(&ConvInput, &[u8], Int8, &ConvRequant) -> Vec<u8> + Sync) {
     let mut rng = qforge_testkit::Rng::new(seed);
@@ -92,17 +92,19 @@ pub(crate) fn check_depthwise(seed: u64, cases: &[(usize, AxisSpec, AxisSpec)], 
             let yz = rng.below(256) as i32 - if xt == Int8::I8 { 128 } else { 0 };
             let bias: Vec<i32> = (0..c).map(|_| rng.below(20001) as i32 - 10000).collect();
             let scale: Vec<f32> = (0..c).map(|_| [1.0 / 256.0, 1.0 / 1024.0, 0.0037, 0.00051][rng.below(4)]).collect();
-            let want = naive_conv(&x, xt, xz, &w, wt, &wz, c, c, c, h, wa, &bias, &scale, yz);
+            let table: Option<[u8; 256]> = (ci % 3 == 1).then(|| std::array::from_fn(|_| rng.next() as u8));
+            let want: Vec<u8> = naive_conv(&x, xt, xz, &w, wt, &wz, c, c, c, h, wa, &bias, &scale, yz).into_iter().map(|b| table.map_or(b, |t| t[b as usize])).collect();
             let inp = ConvInput { x: &x, xt, x_zp: xz, channels: c, h, w: wa };
             let rq = ConvRequant {
                 scale: Scale::Each(&scale),
                 bias: Some(&bias),
                 w_zp: if per_channel { ZeroPoints::Each(&wz) } else { ZeroPoints::Tensor(wz[0]) },
                 y_zp: yz,
+                table: table.as_ref(),
             };
             for pool in &pools {
                 let got = pool.install(|| run(&inp, &w, wt, &rq));
-                assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} threads {}", pool.current_num_threads());
+                assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} table {} threads {}", table.is_some(), pool.current_num_threads());
             }
         }
     }
