@@ -206,19 +206,29 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let pointwise = h.kernel == 1 && w.kernel == 1 && h.stride == 1 && w.stride == 1 && h.pad_begin + h.pad_end + w.pad_begin + w.pad_end == 0;
     let threads = crate::kernels::util::threads();
     let panels = plane.div_ceil(NR);
-    let split = parallel && threads > 1 && panels > 1 && (m * k * plane) as u64 >= 1 << 18;
+    let split = parallel && threads > 1 && panels > 1 && (m * k * plane) as u64 >= SPLIT_MIN_PRODUCTS;
     let block_panels = block_panels(panels, if split { threads } else { 1 });
     let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, block_panels, taps, cols, pointwise };
     let blocks = panels.div_ceil(block_panels);
     let o = SharedOut::new(&mut out[..m * plane]);
+    let block = |b: usize| PANEL_BUF.with_borrow_mut(|buf| job.block(buf, b, &o));
     if split {
         use rayon::prelude::*;
-        (0..blocks).into_par_iter().for_each_init(AlignedBuf::default, |buf, b| job.block(buf, b, &o));
+        (0..blocks).into_par_iter().for_each(block);
     } else {
-        let mut buf = AlignedBuf::default();
-        (0..blocks).for_each(|b| job.block(&mut buf, b, &o));
+        (0..blocks).for_each(block);
     }
 }
+
+thread_local! {
+    /// Per-thread buffer of a block's packed positions, reused across blocks and runs.
+    static PANEL_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::default());
+}
+
+/// The fewest multiply-adds for which a convolution group's blocks are split across threads:
+/// about 5 µs of VNNI work. Below it, handing half the blocks to another core costs more than
+/// it saves, not least because the next node then reads an output written by two cores.
+const SPLIT_MIN_PRODUCTS: u64 = 1 << 21;
 
 /// Panels per block of positions when `panels` panels are computed by `threads` threads: at
 /// most [`PANELS`], and blocks of nearly equal size in a multiple of `threads` (while there

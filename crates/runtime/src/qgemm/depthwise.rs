@@ -150,13 +150,18 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &C
         }
     };
     let work = (c * plane * taps) as u64;
+    let run = |i: usize| ROWS_BUF.with_borrow_mut(|buf| run(buf, i));
     if threads > 1 && items > 1 && work >= 1 << 16 {
         use rayon::prelude::*;
-        (0..items).into_par_iter().for_each_init(Vec::new, run);
+        (0..items).into_par_iter().for_each(run);
     } else {
-        let mut buf = Vec::new();
-        (0..items).for_each(|i| run(&mut buf, i));
+        (0..items).for_each(run);
     }
+}
+
+thread_local! {
+    /// Per-thread buffer of an item's padded input rows, reused across items and runs.
+    static ROWS_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A register of output positions: `lanes` consecutive positions of a band (row-major over
