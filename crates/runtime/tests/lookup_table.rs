@@ -141,6 +141,39 @@ fn lookup_table_refuses_bad_tables_and_inputs() {
     assert!(err.contains("256 elements"), "{err}");
 }
 
+#[test]
+fn qlinear_conv_lookup_refuses_bad_tables() {
+    let bad = [(Tensor::from_vec(&[255], vec![0u8; 255]).unwrap(), "256 elements"), (Tensor::from_vec(&[256], vec![0f32; 256]).unwrap(), "uint8 or int8")];
+    for (table, want) in bad {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor_of(DType::U8, &[1, 2, 4, 4]))).unwrap();
+        let inits = [
+            ("xs", Tensor::scalar(0.1f32)),
+            ("xz", Tensor::scalar(3u8)),
+            ("w", Tensor::from_vec(&[2, 2, 1, 1], vec![1i8, 2, 3, 4]).unwrap()),
+            ("ws", Tensor::scalar(0.01f32)),
+            ("wz", Tensor::scalar(0i8)),
+            ("ys", Tensor::scalar(0.2f32)),
+            ("yz", Tensor::scalar(5u8)),
+        ];
+        let mut inputs = vec![Some(x)];
+        for (name, t) in inits {
+            inputs.push(Some(g.add_initializer(name, t).unwrap()));
+        }
+        inputs.push(None);
+        inputs.push(Some(g.add_initializer("table", table).unwrap()));
+        let y = g.new_value("y", None).unwrap();
+        let mut n = Node::new(qforge_runtime::QLINEAR_CONV_LOOKUP, "conv").with_outputs(vec![y]);
+        n.domain = qforge_runtime::RUNTIME_DOMAIN.into();
+        n.inputs = inputs;
+        g.add_node(n).unwrap();
+        g.set_outputs(vec![y]).unwrap();
+        let m = Model { ir_version: 10, opset_imports: vec![OpsetImport { domain: String::new(), version: 21 }], graph: g, ..Default::default() };
+        let err = Session::new(&m).err().expect("a bad table is refused").to_string();
+        assert!(err.contains(want) && err.contains("conv"), "{err}");
+    }
+}
+
 /// `x -> hardswish as ONNX exporters decompose it -> y` in QDQ form, every intermediate
 /// quantized with its own random per-tensor qparams:
 /// `q(q(x * q(clip(q(x + 3), 0, 6))) * (1/6))`, plus a residual `q(y + x)` that reads `x` and

@@ -9,7 +9,9 @@
 //! `ceil(kw / 4)` runs, the taps past `kw` having weight 0.
 //!
 //! The rows an item of work reads are first copied into a padded buffer whose padding holds
-//! the input zero point, so every tap is read and the padding contributes `(xz - xz) w = 0`.
+//! the input zero point, so every tap is read and the padding contributes `(xz - xz) w = 0`;
+//! kernel rows that fall wholly in the vertical padding for a group of registers are not read
+//! at all, their constant share of the sums below being added instead.
 //! VNNI multiplies `u8` by `i8`: activations are stored as `u8` (i8 activations flipped by
 //! `xor 0x80`, i.e. `+128`) and weights as `i8` (u8 weights flipped, `-128`). With `'`
 //! marking stored values and zero points shifted the same way, over the `T = kh x kw` taps:
