@@ -82,20 +82,7 @@ fn integers_match(name: &str, form: Form) -> usize {
     assert!(o.status.success(), "{name}: {}", text(&o.stderr));
     let exposed: Vec<String> = serde_json::from_slice(&o.stdout).unwrap();
     let inputs: Vec<String> = feeds.iter().flat_map(|f| ["--input".to_string(), f.clone()]).collect();
-    let (ort_out, qf_out) = (tmp.path().join("ort.npz"), tmp.path().join("qforge.npz"));
-    let mut args: Vec<&OsStr> = vec![exposed_model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str()];
-    if form == Form::QforgeQOperator {
-        args.push(OsStr::new("--no-opt"));
-    }
-    args.extend(inputs.iter().map(OsStr::new));
-    let o = oracle("ort_run.py", &args);
-    assert!(o.status.success(), "{name}: ONNX Runtime failed: {}", text(&o.stderr));
-    let mut args: Vec<&OsStr> = vec![OsStr::new("run"), exposed_model.as_os_str(), OsStr::new("-o"), qf_out.as_os_str()];
-    args.extend(inputs.iter().map(OsStr::new));
-    let o = qforge(&args);
-    assert!(o.status.success(), "{name}: qforge run failed: {}", text(&o.stderr));
-    let theirs = qforge_data::read_npz(&ort_out).unwrap();
-    let ours = qforge_data::read_npz(&qf_out).unwrap();
+    let (theirs, ours) = run_both(name, &exposed_model, &inputs, form == Form::QforgeQOperator, &tmp.path().join("exposed"));
     let mut compared = 0;
     for value in &exposed {
         let a = &theirs.iter().find(|(n, _)| n == value).unwrap_or_else(|| panic!("{name}: ORT gave no '{value}'")).1;
@@ -105,18 +92,20 @@ fn integers_match(name: &str, form: Form) -> usize {
         compared += 1;
     }
     if form != Form::QforgeQOperator {
-        outputs_match(name, &lowered, &inputs, tmp.path());
+        outputs_match(name, &lowered, &inputs, &tmp.path().join("final"));
     }
     compared
 }
 
-/// Runs the quantized model as it is (no value exposed, so a session fuses what it can: lookup
-/// tables into the convolutions before them, elementwise chains into one table) in qforge and
-/// in ONNX Runtime, and requires the model's outputs to agree: integer outputs exactly, float
-/// outputs (computed in float from identical integers) within `1e-5` relative plus `1e-6`.
-fn outputs_match(name: &str, model: &Path, inputs: &[String], tmp: &Path) {
-    let (ort_out, qf_out) = (tmp.join("ort_final.npz"), tmp.join("qforge_final.npz"));
+/// The outputs of `model` run by ONNX Runtime (its graph optimizations off with `no_opt`) and
+/// by `qforge run` on the same `--input` arguments, by name; their files are written next to
+/// `stem`.
+fn run_both(name: &str, model: &Path, inputs: &[String], no_opt: bool, stem: &Path) -> (Vec<(String, qforge_ir::Tensor)>, Vec<(String, qforge_ir::Tensor)>) {
+    let (ort_out, qf_out) = (stem.with_extension("ort.npz"), stem.with_extension("qforge.npz"));
     let mut args: Vec<&OsStr> = vec![model.as_os_str(), OsStr::new("-o"), ort_out.as_os_str()];
+    if no_opt {
+        args.push(OsStr::new("--no-opt"));
+    }
     args.extend(inputs.iter().map(OsStr::new));
     let o = oracle("ort_run.py", &args);
     assert!(o.status.success(), "{name}: ONNX Runtime failed: {}", text(&o.stderr));
@@ -124,8 +113,15 @@ fn outputs_match(name: &str, model: &Path, inputs: &[String], tmp: &Path) {
     args.extend(inputs.iter().map(OsStr::new));
     let o = qforge(&args);
     assert!(o.status.success(), "{name}: qforge run failed: {}", text(&o.stderr));
-    let theirs = qforge_data::read_npz(&ort_out).unwrap();
-    let ours = qforge_data::read_npz(&qf_out).unwrap();
+    (qforge_data::read_npz(&ort_out).unwrap(), qforge_data::read_npz(&qf_out).unwrap())
+}
+
+/// Runs the quantized model as it is (no value exposed, so a session fuses what it can: lookup
+/// tables into the convolutions before them, elementwise chains into one table) in qforge and
+/// in ONNX Runtime, and requires the model's outputs to agree: integer outputs exactly, float
+/// outputs (computed in float from identical integers) within `1e-5` relative plus `1e-6`.
+fn outputs_match(name: &str, model: &Path, inputs: &[String], stem: &Path) {
+    let (theirs, ours) = run_both(name, model, inputs, false, stem);
     assert_eq!(theirs.len(), ours.len(), "{name}: output count");
     for (value, a) in &theirs {
         let b = &ours.iter().find(|(n, _)| n == value).unwrap_or_else(|| panic!("{name}: qforge gave no '{value}'")).1;
