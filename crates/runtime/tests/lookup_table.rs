@@ -338,9 +338,8 @@ fn conv_then_hardswish(d: DType, c: &ConvCase, rng: &mut Rng) -> (Model, Vec<(St
 fn lookup_tables_after_convolutions_run_inside_them_like_onnx_runtime() {
     let dir = TempDir::new("lut-conv");
     // Pointwise over 7 panels of positions (split unevenly across 2 threads), dense 3 x 3,
-    // depthwise with stride 2, depthwise 5 x 5 over two rows (kernel rows wholly in the
-    // padding), a grouped convolution, and a 7 x 7 image (too few positions for the NCHW
-    // kernels).
+    // depthwise with stride 2, depthwise 5 x 5 over two rows, a grouped convolution, and a
+    // 7 x 7 image (too few positions for the NCHW kernels).
     let cases: [ConvCase; 6] = [
         (48, 64, 1, 14, 14, 1, 1, 0),
         (8, 24, 1, 20, 30, 3, 1, 1),

@@ -9,9 +9,7 @@
 //! `ceil(kw / 4)` runs, the taps past `kw` having weight 0.
 //!
 //! The rows an item of work reads are first copied into a padded buffer whose padding holds
-//! the input zero point, so every tap is read and the padding contributes `(xz - xz) w = 0`;
-//! kernel rows that fall wholly in the vertical padding for a group of registers are not read
-//! at all, their constant share of the sums below being added instead.
+//! the input zero point, so every tap is read and the padding contributes `(xz - xz) w = 0`.
 //! VNNI multiplies `u8` by `i8`: activations are stored as `u8` (i8 activations flipped by
 //! `xor 0x80`, i.e. `+128`) and weights as `i8` (u8 weights flipped, `-128`). With `'`
 //! marking stored values and zero points shifted the same way, over the `T = kh x kw` taps:
@@ -47,8 +45,7 @@ pub(crate) fn supports(w: &Axis) -> bool {
 
 /// Depthwise weights stored for the kernel: per channel and kernel row, runs of 4 kernel
 /// columns as one `i32` of stored (`i8`) bytes, 0 past the kernel width, with each channel's
-/// sum of stored weights and, per channel, the sums of its first `ki` kernel rows for every
-/// `ki` from 0 to `kh`.
+/// sum of stored weights.
 pub(crate) struct DepthwiseW {
     wt: Int8,
     channels: usize,
@@ -57,9 +54,6 @@ pub(crate) struct DepthwiseW {
     runs: usize,
     wq: Vec<i32>,
     sums: Vec<i32>,
-    /// `row_prefix[ch * (kh + 1) + ki]`: the sum of channel `ch`'s stored weights in kernel
-    /// rows `0..ki`.
-    row_prefix: Vec<i32>,
 }
 
 impl DepthwiseW {
@@ -72,10 +66,8 @@ impl DepthwiseW {
         let wflip = if wt == Int8::U8 { 0x80 } else { 0 };
         let mut wq = vec![0i32; channels * kh * runs];
         let mut sums = vec![0i32; channels];
-        let mut row_prefix = vec![0i32; channels * (kh + 1)];
         for (ch, sum) in sums.iter_mut().enumerate() {
             for ki in 0..kh {
-                row_prefix[ch * (kh + 1) + ki] = *sum;
                 for r in 0..runs {
                     let mut b = [0u8; 4];
                     for (t, v) in b.iter_mut().enumerate() {
@@ -88,9 +80,8 @@ impl DepthwiseW {
                     wq[(ch * kh + ki) * runs + r] = i32::from_le_bytes(b);
                 }
             }
-            row_prefix[ch * (kh + 1) + kh] = *sum;
         }
-        DepthwiseW { wt, channels, kh, kw, runs, wq, sums, row_prefix }
+        DepthwiseW { wt, channels, kh, kw, runs, wq, sums }
     }
 }
 
@@ -135,7 +126,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &C
     let rows = h.output.div_ceil(bands);
     let width = (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1;
     let (blocks, patterns) = plan_blocks(h.stride * width, &wa, rows * wa.output);
-    let job = Job { inp: *inp, xz: xz as u8, runs: w.runs, wq: &w.wq, row_prefix: &w.row_prefix, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
+    let job = Job { inp: *inp, xz: xz as u8, runs: w.runs, wq: &w.wq, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
     let per_ch = h.output.div_ceil(rows);
     let items = c * per_ch;
     let o = SharedOut::new(&mut out[..c * plane]);
@@ -220,9 +211,6 @@ struct Job<'a> {
     runs: usize,
     /// Stored weights: per channel, kernel row and run, 4 bytes as one `i32`.
     wq: &'a [i32],
-    /// Per channel, the sums of its stored weights over its first kernel rows
-    /// ([`DepthwiseW::row_prefix`]).
-    row_prefix: &'a [i32],
     /// Per channel: `|T| xz' wz' - xz' sum_T w' + bias`.
     konst: Vec<i32>,
     /// Per channel: `-wz'`.
@@ -291,51 +279,28 @@ impl Job<'_> {
                 7 => Self::blocks::<T, 7>,
                 _ => Self::blocks::<T, 8>,
             };
-            f(self, ch, buf.as_ptr(), group, oy0, positions, dst);
+            f(self, ch, buf.as_ptr(), group, positions, dst);
         }
     }
 
-    /// Kernel rows `lo..hi` outside which every kernel row reads only the vertical padding
-    /// for each output row of `first..=last`: the last row reads inside the input from kernel
-    /// row `lo` on, and the first row up to kernel row `hi - 1`.
-    fn kernel_rows(&self, first: usize, last: usize) -> (usize, usize) {
-        let h = self.inp.h;
-        let lo = (h.pad_begin.saturating_sub(last * h.stride)).div_ceil(h.dilation).min(h.kernel);
-        let reach = (h.input + h.pad_begin) as isize - 1 - (first * h.stride) as isize;
-        let hi = if reach < 0 { 0 } else { (reach as usize / h.dilation + 1).min(h.kernel) };
-        (lo, hi.max(lo))
-    }
-
-    /// Computes the `B` registers `group` of channel `ch`'s band (which starts at output row
-    /// `oy0`): `buf` points at the band's padded input rows, `dst` at its first output. Lanes
-    /// at or past `positions` are computed but not stored.
-    ///
-    /// Kernel rows that read only vertical padding for every lane of the group are not
-    /// computed: each of their taps would add `xz' w'` to the sum and `xz'` to the window
-    /// sum, which are added as one constant instead (from the weights' row sums), so the
-    /// result is the same integer.
+    /// Computes the `B` registers `group` of channel `ch`'s band: `buf` points at the band's
+    /// padded input rows, `dst` at its first output. Lanes at or past `positions` are
+    /// computed but not stored.
     ///
     /// # Safety
     /// As [`Job::item`]; every 64-byte load of the registers' taps must lie inside `buf`, and
     /// `dst` must be valid for writes of `positions` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn blocks<T: Out8, const B: usize>(&self, ch: usize, buf: *const u8, group: &[Block], oy0: usize, positions: usize, dst: *mut T) {
+    unsafe fn blocks<T: Out8, const B: usize>(&self, ch: usize, buf: *const u8, group: &[Block], positions: usize, dst: *mut T) {
         let (h, wa) = (self.inp.h, self.inp.w);
         let d = wa.dilation;
-        let last = group[B - 1];
-        let last_position = (last.start as usize + last.lanes as usize).min(positions) - 1;
-        let (k_lo, k_hi) = self.kernel_rows(oy0 + group[0].start as usize / wa.output, oy0 + last_position / wa.output);
-        let prefix = &self.row_prefix[ch * (h.kernel + 1)..(ch + 1) * (h.kernel + 1)];
-        let skipped_w = prefix[k_lo].wrapping_add(prefix[h.kernel].wrapping_sub(prefix[k_hi]));
-        let skipped_taps = ((h.kernel - (k_hi - k_lo)) * wa.kernel) as i32;
-        let xz = self.xz as i32;
         let idx: [__m512i; B] = std::array::from_fn(|b| _mm512_loadu_si512(self.patterns[group[b].pattern as usize].as_ptr() as *const _));
         let first: [*const u8; B] = std::array::from_fn(|b| buf.add(group[b].at as usize));
         let with_sums = self.neg_wz[ch] != 0;
         let mut acc = [_mm512_setzero_si512(); B];
         let mut sums = [_mm512_setzero_si512(); B];
         let wrow = self.wq.as_ptr().add(ch * h.kernel * self.runs);
-        for ki in k_lo..k_hi {
+        for ki in 0..h.kernel {
             let line = ki * h.dilation * self.width;
             for r in 0..self.runs {
                 let wv = _mm512_set1_epi32(*wrow.add(ki * self.runs + r));
@@ -356,11 +321,7 @@ impl Job<'_> {
                 }
             }
         }
-        let mut konst = self.konst[ch].wrapping_add(xz.wrapping_mul(skipped_w));
-        if with_sums {
-            konst = konst.wrapping_add(xz.wrapping_mul(skipped_taps).wrapping_mul(self.neg_wz[ch]));
-        }
-        let (k, nz, sc) = (_mm512_set1_epi32(konst), _mm512_set1_epi32(self.neg_wz[ch]), _mm512_set1_ps(self.scale[ch]));
+        let (k, nz, sc) = (_mm512_set1_epi32(self.konst[ch]), _mm512_set1_epi32(self.neg_wz[ch]), _mm512_set1_ps(self.scale[ch]));
         let (lo, hi, zp) = (_mm512_set1_ps(self.lo), _mm512_set1_ps(self.hi), _mm512_set1_epi32(self.zp));
         for b in 0..B {
             let start = group[b].start as usize;
