@@ -27,12 +27,13 @@
 //! planned. Zero points must have their data's type; scales are f32 (QLinearMatMul 21: also
 //! f16/bf16, widened exactly, which is what ONNX Runtime computes with).
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::conv::{Axis, Window};
-use super::util::{broadcast_shape, input, opt_input, par_chunks_mut, par_steps, tensor, threads, vectorized_wide};
+use super::util::{assume_init_vec, broadcast_shape, input, opt_input, par_chunks_mut, par_steps, tensor, threads, uninit, vectorized_wide};
 use crate::qgemm::{self, gemm, gemm_i32, ASource, Block, FillRows, Gemm, Int8, Isa, Out8, PackedB, Scale, SharedOut, ZeroPoints};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST, QLINEAR_CONV_LOOKUP, RUNTIME_DOMAIN};
 
@@ -946,11 +947,12 @@ fn to_channels_last(x: &[u8], channels: usize, plane: usize, out: &mut [u8]) {
     unsafe { transpose_u8(x, channels, plane, out.as_mut_ptr(), channels) };
 }
 
-/// Output of a convolution: `i32` (ConvInteger) or requantized 8-bit (QLinearConv).
+/// Output of a convolution: `i32` (ConvInteger) or requantized 8-bit (QLinearConv), in
+/// storage that starts uninitialized and that every path writes whole.
 enum ConvOut {
-    I32(Vec<i32>),
-    U8(Vec<u8>, i32),
-    I8(Vec<i8>, i32),
+    I32(Vec<MaybeUninit<i32>>),
+    U8(Vec<MaybeUninit<u8>>, i32),
+    I8(Vec<MaybeUninit<i8>>, i32),
 }
 
 /// Requantization parameters of QLinearConv: the per-channel (or single) multiplier, the
@@ -1039,12 +1041,12 @@ impl Kernel for QConv {
             let z = zero_points(Some(yz), yt, "y_zero_point", "y_zero_point")?[0];
             let len = n * m * oh * ow;
             let out = match yt {
-                Int8::U8 => ConvOut::U8(vec![0; len], z),
-                Int8::I8 => ConvOut::I8(vec![0; len], z),
+                Int8::U8 => ConvOut::U8(uninit(len), z),
+                Int8::I8 => ConvOut::I8(uninit(len), z),
             };
             (Some(Requant { mult, bias, table: self.table.map(|t| t.0) }), out)
         } else {
-            (None, ConvOut::I32(vec![0; n * m * oh * ow]))
+            (None, ConvOut::I32(uninit(n * m * oh * ow)))
         };
         let plane_in = ih * iw;
         let plane = oh * ow;
@@ -1123,10 +1125,14 @@ impl Kernel for QConv {
             }
         }
         let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
-        let (mut bytes, own_type) = match out {
-            ConvOut::I32(v) => return Ok(vec![tensor(&shape, v)?]),
-            ConvOut::U8(v, _) => (v, Int8::U8),
-            ConvOut::I8(v, _) => (bytemuck::allocation::cast_vec(v), Int8::I8),
+        // SAFETY: every path above writes each output element (the kernels' contracts; with
+        // no image, channel or position there is no element).
+        let (mut bytes, own_type) = unsafe {
+            match out {
+                ConvOut::I32(v) => return Ok(vec![tensor(&shape, assume_init_vec(v))?]),
+                ConvOut::U8(v, _) => (assume_init_vec(v), Int8::U8),
+                ConvOut::I8(v, _) => (bytemuck::allocation::cast_vec(assume_init_vec(v)), Int8::I8),
+            }
         };
         let out_type = match self.table {
             Some((table, table_type)) => {
@@ -1161,8 +1167,8 @@ fn input_or_none<'a>(ins: &[Option<&'a Tensor>], i: usize, required: bool) -> Ru
 fn conv_gemm(g: &Gemm, rq: Option<&Requant>, out: &mut ConvOut, base: usize, plane: usize, oc0: usize) {
     /// Runs the product, `convert`s each block to `rows x cols` outputs and writes them
     /// transposed (channel-major) into `out` at `base`.
-    fn store<T: Copy + Default + Send>(g: &Gemm, out: &mut [T], base: usize, plane: usize, convert: impl Fn(&mut Block, &mut [T]) + Sync) {
-        let o = SharedOut::new(out);
+    fn store<T: Copy + Default + Send>(g: &Gemm, out: &mut [MaybeUninit<T>], base: usize, plane: usize, convert: impl Fn(&mut Block, &mut [T]) + Sync) {
+        let o = SharedOut::uninit(out);
         gemm(g, &|mut blk: Block| {
             let mut t = vec![T::default(); blk.rows * blk.cols];
             convert(&mut blk, &mut t);
@@ -1325,7 +1331,7 @@ fn depthwise_nhwc(x: &[u8], c: usize, xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w
             let dst = &mut v[base..base + c * plane];
             for p in 0..plane {
                 for ch in 0..c {
-                    dst[ch * plane + p] = nhwc[p * c + ch];
+                    dst[ch * plane + p].write(nhwc[p * c + ch]);
                 }
             }
         }
@@ -1336,7 +1342,7 @@ fn depthwise_nhwc(x: &[u8], c: usize, xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w
                 rows(&dw, ow, c, nhwc, |acc, dst: &mut [u8]| unsafe { qgemm::requantize_block(acc, c, ow, c, bias, scale.unwrap(), z, dst.as_mut_ptr(), c) });
                 let dst = &mut v[base..base + c * plane];
                 // SAFETY: `dst` holds `c` rows of `plane` bytes and is exclusively borrowed.
-                unsafe { transpose_u8(nhwc, plane, c, dst.as_mut_ptr(), plane) };
+                unsafe { transpose_u8(nhwc, plane, c, dst.as_mut_ptr().cast::<u8>(), plane) };
             })
         }
         ConvOut::I8(v, z) => {
@@ -1347,7 +1353,7 @@ fn depthwise_nhwc(x: &[u8], c: usize, xt: Int8, x_zp: i32, w: &[u8], wt: Int8, w
                 rows(&dw, ow, c, nhwc, |acc, dst: &mut [u8]| unsafe { qgemm::requantize_block(acc, c, ow, c, bias, scale.unwrap(), z, dst.as_mut_ptr() as *mut i8, c) });
                 let dst = &mut v[base..base + c * plane];
                 // SAFETY: `dst` holds `c` rows of `plane` bytes and is exclusively borrowed.
-                unsafe { transpose_u8(nhwc, plane, c, dst.as_mut_ptr() as *mut u8, plane) };
+                unsafe { transpose_u8(nhwc, plane, c, dst.as_mut_ptr().cast::<u8>(), plane) };
             })
         }
     }

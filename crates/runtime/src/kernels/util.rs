@@ -31,6 +31,11 @@ where
 /// pointers or [`MaybeUninit::write`]; [`assume_init`] and its siblings give the values once
 /// written.
 pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
+    uninit(len)
+}
+
+/// [`uninit_f32`] for elements of any type.
+pub fn uninit<T>(len: usize) -> Vec<MaybeUninit<T>> {
     let mut v = Vec::with_capacity(len);
     // SAFETY: the capacity is `len`, and `MaybeUninit` needs no initialization.
     unsafe { v.set_len(len) };
@@ -56,10 +61,19 @@ pub unsafe fn written<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> 
 /// # Safety
 /// Every element of `v` has been written.
 pub unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+    // SAFETY: the caller's guarantee.
+    unsafe { assume_init_vec(v) }
+}
+
+/// [`assume_init`] for elements of any type.
+///
+/// # Safety
+/// Every element of `v` has been written.
+pub unsafe fn assume_init_vec<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
     let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, the allocation is handed over
-    // whole (pointer, length, capacity), and the caller guarantees every element is written.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<f32>(), v.len(), v.capacity()) }
+    // SAFETY: `MaybeUninit<T>` has the layout of `T`, the allocation is handed over whole
+    // (pointer, length, capacity), and the caller guarantees every element is written.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
 }
 
 /// The values of a written region of a buffer from [`uninit_f32`].

@@ -150,12 +150,13 @@ struct Epi {
 }
 
 /// Convolves one group of one image into `out` (`w.m()` planes of `h.output x w.output`
-/// values, plane after plane) with requantization to `T`. Blocks of positions run on the
-/// current rayon pool when `parallel` and the convolution is large enough.
+/// values, plane after plane) with requantization to `T`, writing every one of them (`out`
+/// may start uninitialized). Blocks of positions run on the current rayon pool when
+/// `parallel` and the convolution is large enough.
 ///
 /// Panics unless the CPU has AVX-512 VNNI ([`available`]), `w`'s depth is `channels x kh x
 /// kw`, `x` holds the channels, `out` the planes, and per-channel vectors `w.m()` values.
-pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequant, out: &mut [T], parallel: bool) {
+pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequant, out: &mut [std::mem::MaybeUninit<T>], parallel: bool) {
     assert!(available(), "the NCHW convolution kernel needs AVX-512 VNNI");
     let (h, w) = (inp.h, inp.w);
     let (m, k) = (wts.m, wts.k);
@@ -210,7 +211,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let block_panels = block_panels(panels, if split { threads } else { 1 });
     let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, block_panels, taps, cols, pointwise };
     let blocks = panels.div_ceil(block_panels);
-    let o = SharedOut::new(&mut out[..m * plane]);
+    let o = SharedOut::uninit(&mut out[..m * plane]);
     let block = |b: usize| PANEL_BUF.with_borrow_mut(|buf| job.block(buf, b, &o));
     if split {
         use rayon::prelude::*;
@@ -501,7 +502,7 @@ unsafe fn tile<const R: usize, const COLS: bool>(groups: usize, a: *const u8, ld
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qgemm::test_reference::{axis, naive_conv};
+    use crate::qgemm::test_reference::{axis, naive_conv, output_bytes};
 
     #[test]
     fn matches_a_direct_convolution() {
@@ -555,15 +556,8 @@ mod tests {
                     table: table.as_ref(),
                 };
                 for parallel in [false, true] {
-                    let got: Vec<u8> = if xt == Int8::U8 {
-                        let mut o = vec![0u8; m * h.output * wa.output];
-                        conv_requant(&cw, &inp, &rq, &mut o, parallel);
-                        o
-                    } else {
-                        let mut o = vec![0i8; m * h.output * wa.output];
-                        conv_requant(&cw, &inp, &rq, &mut o, parallel);
-                        o.into_iter().map(|v| v as u8).collect()
-                    };
+                    let len = m * h.output * wa.output;
+                    let got = output_bytes(xt, len, |o| conv_requant(&cw, &inp, &rq, o, parallel), |o| conv_requant(&cw, &inp, &rq, o, parallel));
                     assert_eq!(got, want, "case {ci} x {xt:?} w {wt:?} per-channel {per_channel} symmetric {symmetric} table {}", table.is_some());
                 }
             }

@@ -87,14 +87,15 @@ impl DepthwiseW {
 
 /// Depthwise convolution of one image: input channel `c` of `inp` (`inp.channels` channels)
 /// with filter `c` of `w` into output plane `c` of `out` (`h.output x w.output` values per
-/// plane), requantized to `T`. `rq`'s per-channel vectors hold one value per channel. Items
+/// plane, every one written: `out` may start uninitialized), requantized to `T`. `rq`'s
+/// per-channel vectors hold one value per channel. Items
 /// of work (a channel, or a band of one channel's output rows) run on the current rayon pool
 /// when `parallel`.
 ///
 /// Panics unless the CPU has the needed extensions ([`available`]), the geometry fits
 /// ([`supports`]), `w` holds `inp.channels` filters of the kernel's size, and `x`, `out` and
 /// the per-channel vectors are long enough.
-pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &ConvRequant, out: &mut [T], parallel: bool) {
+pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &ConvRequant, out: &mut [std::mem::MaybeUninit<T>], parallel: bool) {
     assert!(available(), "the depthwise kernel needs AVX-512 VNNI and VBMI");
     let (h, wa, c) = (inp.h, inp.w, inp.channels);
     assert!(supports(&wa), "horizontal stride {} and dilation {} do not fit the depthwise kernel", wa.stride, wa.dilation);
@@ -129,7 +130,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &C
     let job = Job { inp: *inp, xz: xz as u8, runs: w.runs, wq: &w.wq, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
     let per_ch = h.output.div_ceil(rows);
     let items = c * per_ch;
-    let o = SharedOut::new(&mut out[..c * plane]);
+    let o = SharedOut::uninit(&mut out[..c * plane]);
     let run = |buf: &mut Vec<u8>, i: usize| {
         let (ch, band) = (i / per_ch, i % per_ch);
         let (oy0, oy1) = (band * rows, ((band + 1) * rows).min(h.output));

@@ -49,13 +49,14 @@ pub(crate) fn worth_it(w: &Axis) -> bool {
 
 /// Depthwise convolution of one image: input channel `c` of `inp` (`inp.channels` channels)
 /// with filter `c` of `w` (`[C, 1, kh, kw]` bytes of type `wt`) into output plane `c` of
-/// `out` (`h.output x w.output` values per plane), requantized to `T`. `rq`'s per-channel
+/// `out` (`h.output x w.output` values per plane, every one written: `out` may start
+/// uninitialized), requantized to `T`. `rq`'s per-channel
 /// vectors hold one value per channel. Items of work (a band of up to [`BAND`] output rows of
 /// one channel) run on the current rayon pool when `parallel`.
 ///
 /// Panics unless the CPU has AVX2 and `w`, `x`, `out` and the per-channel vectors are long
 /// enough for the geometry.
-pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq: &ConvRequant, out: &mut [T], parallel: bool) {
+pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq: &ConvRequant, out: &mut [std::mem::MaybeUninit<T>], parallel: bool) {
     assert!(available(), "the AVX2 depthwise kernel needs AVX2");
     let (h, wa, c) = (inp.h, inp.w, inp.channels);
     let (taps, plane) = (h.kernel * wa.kernel, h.output * wa.output);
@@ -105,7 +106,7 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &[u8], wt: Int8, rq
     };
     let per_ch = h.output.div_ceil(BAND);
     let items = c * per_ch;
-    let o = SharedOut::new(&mut out[..c * plane]);
+    let o = SharedOut::uninit(&mut out[..c * plane]);
     let run = |bufs: &mut Buffers, i: usize| {
         let (ch, band) = (i / per_ch, i % per_ch);
         let (oy0, oy1) = (band * BAND, ((band + 1) * BAND).min(h.output));

@@ -507,6 +507,13 @@ impl<'a, T> SharedOut<'a, T> {
         SharedOut { ptr: out.as_mut_ptr(), len: out.len(), _borrow: std::marker::PhantomData }
     }
 
+    /// Wraps uninitialized storage that the writers through [`SharedOut::ptr`] fill, borrowing
+    /// it exclusively while the wrapper lives; [`SharedOut::slice`] must not be used on
+    /// elements not yet written.
+    pub fn uninit(out: &'a mut [std::mem::MaybeUninit<T>]) -> SharedOut<'a, T> {
+        SharedOut { ptr: out.as_mut_ptr().cast::<T>(), len: out.len(), _borrow: std::marker::PhantomData }
+    }
+
     /// A pointer to element `start`, checking that `start..start + span` is inside the buffer.
     ///
     /// # Safety

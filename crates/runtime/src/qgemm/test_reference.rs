@@ -1,6 +1,8 @@
 //! A requantized 8-bit convolution written out element by element, the reference the NCHW
 //! convolution kernels' tests compare against.
 
+use std::mem::MaybeUninit;
+
 use super::conv::{ConvInput, ConvRequant};
 use super::{Int8, Scale, ZeroPoints};
 use crate::kernels::conv::Axis;
@@ -110,15 +112,19 @@ pub(crate) fn check_depthwise(seed: u64, cases: &[(usize, AxisSpec, AxisSpec)], 
     }
 }
 
-/// A zeroed output of `len` values of `xt`'s type filled by `fill_u8` or `fill_i8`, as bytes.
-pub(crate) fn output_bytes(xt: Int8, len: usize, fill_u8: impl FnOnce(&mut [u8]), fill_i8: impl FnOnce(&mut [i8])) -> Vec<u8> {
+/// An output of `len` values of `xt`'s type filled by `fill_u8` or `fill_i8`, as bytes. The
+/// storage starts as the byte `0xa5` in every element, so a value the kernel fails to write
+/// shows up as a difference from the reference.
+pub(crate) fn output_bytes(xt: Int8, len: usize, fill_u8: impl FnOnce(&mut [MaybeUninit<u8>]), fill_i8: impl FnOnce(&mut [MaybeUninit<i8>])) -> Vec<u8> {
     if xt == Int8::U8 {
-        let mut o = vec![0u8; len];
+        let mut o = vec![MaybeUninit::new(0xa5u8); len];
         fill_u8(&mut o);
-        o
+        // SAFETY: every element was initialized when `o` was made.
+        o.into_iter().map(|v| unsafe { v.assume_init() }).collect()
     } else {
-        let mut o = vec![0i8; len];
+        let mut o = vec![MaybeUninit::new(0xa5u8 as i8); len];
         fill_i8(&mut o);
-        o.into_iter().map(|v| v as u8).collect()
+        // SAFETY: as above.
+        o.into_iter().map(|v| unsafe { v.assume_init() } as u8).collect()
     }
 }
