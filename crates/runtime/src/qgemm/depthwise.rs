@@ -126,7 +126,8 @@ pub(crate) fn depthwise_requant<T: Out8>(inp: &ConvInput, w: &DepthwiseW, rq: &C
     let bands = if threads > 1 && c < 4 * threads { (4 * threads).div_ceil(c).min(h.output) } else { 1 };
     let rows = h.output.div_ceil(bands);
     let width = (wa.output - 1) * wa.stride + (wa.kernel - 1) * wa.dilation + 1;
-    let (blocks, patterns) = plan_blocks(h.stride * width, &wa, rows * wa.output);
+    let plan = cached_plan(h.stride * width, &wa, rows * wa.output);
+    let (blocks, patterns) = (&plan.0, &plan.1);
     let job = Job { inp: *inp, xz: xz as u8, runs: w.runs, wq: &w.wq, konst, neg_wz, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, width, blocks, patterns };
     let per_ch = h.output.div_ceil(rows);
     let items = c * per_ch;
@@ -167,6 +168,32 @@ struct Block {
     start: u32,
     lanes: u8,
     pattern: u16,
+}
+
+/// A band's registers and patterns ([`plan_blocks`]).
+type BlockPlan = (Vec<Block>, Vec<[u8; 64]>);
+
+/// [`plan_blocks`], remembered per thread for the last [`PLANS`] geometries: a session runs
+/// the same convolutions on the same shapes run after run.
+fn cached_plan(row_step: usize, w: &Axis, positions: usize) -> std::rc::Rc<BlockPlan> {
+    let key = [row_step, w.output, w.stride, w.dilation, positions];
+    PLAN_CACHE.with_borrow_mut(|cache| {
+        if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+            let hit = cache.remove(i);
+            cache.insert(0, hit);
+        } else {
+            cache.truncate(PLANS - 1);
+            cache.insert(0, (key, std::rc::Rc::new(plan_blocks(row_step, w, positions))));
+        }
+        cache[0].1.clone()
+    })
+}
+
+/// How many geometries [`cached_plan`] remembers per thread.
+const PLANS: usize = 32;
+
+thread_local! {
+    static PLAN_CACHE: std::cell::RefCell<Vec<([usize; 5], std::rc::Rc<BlockPlan>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Splits `positions` output positions (row-major, `w.output` per row, the first at column
@@ -225,9 +252,9 @@ struct Job<'a> {
     /// Bytes of a padded input row that the output rows read.
     width: usize,
     /// The registers of a whole band ([`plan_blocks`]); a shorter band uses a prefix.
-    blocks: Vec<Block>,
+    blocks: &'a [Block],
     /// Their `vpermb` patterns.
-    patterns: Vec<[u8; 64]>,
+    patterns: &'a [[u8; 64]],
 }
 
 impl Job<'_> {
