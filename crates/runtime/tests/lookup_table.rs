@@ -341,7 +341,7 @@ fn lookup_tables_after_convolutions_run_inside_them_like_onnx_runtime() {
     // depthwise with stride 2, depthwise 5 x 5 over two rows, a grouped convolution, and a
     // 7 x 7 image (too few positions for the NCHW kernels).
     let cases: [ConvCase; 6] = [
-        (48, 64, 1, 14, 14, 1, 1, 0),
+        (96, 128, 1, 14, 14, 1, 1, 0),
         (8, 24, 1, 20, 30, 3, 1, 1),
         (32, 32, 32, 33, 29, 3, 2, 1),
         (40, 40, 40, 2, 96, 5, 1, 2),

@@ -207,7 +207,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let pointwise = h.kernel == 1 && w.kernel == 1 && h.stride == 1 && w.stride == 1 && h.pad_begin + h.pad_end + w.pad_begin + w.pad_end == 0;
     let threads = crate::kernels::util::threads();
     let panels = plane.div_ceil(NR);
-    let split = parallel && threads > 1 && panels > 1 && (m * k * plane) as u64 >= SPLIT_MIN_PRODUCTS;
+    let split = parallel && threads > 1 && panels > 1 && ((m + PACK_COST) * k * plane) as u64 >= SPLIT_MIN_WORK;
     let block_panels = block_panels(panels, if split { threads } else { 1 });
     let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, block_panels, taps, cols, pointwise };
     let blocks = panels.div_ceil(block_panels);
@@ -226,10 +226,16 @@ thread_local! {
     static PANEL_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::default());
 }
 
-/// The fewest multiply-adds for which a convolution group's blocks are split across threads:
-/// about 5 µs of VNNI work. Below it, handing half the blocks to another core costs more than
-/// it saves, not least because the next node then reads an output written by two cores.
-const SPLIT_MIN_PRODUCTS: u64 = 1 << 21;
+/// The least work for which a convolution group's blocks are split across threads, counted
+/// as multiply-adds plus [`PACK_COST`] per packed input byte: about 5 µs. Below it, handing
+/// half the blocks to another core costs more than it saves, not least because the next node
+/// then reads an output written by two cores.
+const SPLIT_MIN_WORK: u64 = 1 << 21;
+
+/// The work of packing one input byte into a panel, in multiply-adds (gathering a depth of
+/// a few channels for thousands of positions, as in a first convolution over an image, takes
+/// longer than multiplying it by a few output channels).
+const PACK_COST: usize = 32;
 
 /// Panels per block of positions when `panels` panels are computed by `threads` threads: at
 /// most [`PANELS`], and blocks of nearly equal size in a multiple of `threads` (while there
