@@ -51,7 +51,8 @@ enum Form {
 }
 
 /// Quantizes `name` in `form` and compares every integer tensor of one run in qforge and in
-/// ONNX Runtime; returns how many were compared.
+/// ONNX Runtime, then (QDQ forms) the final outputs of the model as written
+/// ([`outputs_match`]); returns how many integer tensors were compared.
 fn integers_match(name: &str, form: Form) -> usize {
     let m = real_models().into_iter().find(|m| m.name == name).unwrap_or_else(|| panic!("{name} in the test cache (run scripts/setup.sh)"));
     let tmp = TempDir::new(&format!("int8-vs-ort-{name}-{form:?}"));

@@ -1297,7 +1297,7 @@ fn tables_into_convs(g: &mut Graph, outer: &HashMap<String, Tensor>, opsets: (i6
         let Some((conv_id, _)) = ctx.g.producer(x) else { continue };
         let conv = ctx.node(conv_id);
         let sole_reader = ctx.plain_readers(x).is_some_and(|r| r.len() == 1);
-        if !(conv.op_type == "QLinearConv" && conv.domain.is_empty() && conv.outputs.len() == 1 && sole_reader && ctx.constant(table).is_some()) {
+        if !(is_op(conv, "QLinearConv") && conv.outputs.len() == 1 && sole_reader && ctx.constant(table).is_some()) {
             continue;
         }
         let mut inputs = conv.inputs.clone();

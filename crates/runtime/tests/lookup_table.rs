@@ -287,15 +287,15 @@ fn chains_of_elementwise_integer_ops_over_one_value_compose_into_one_table_like_
 /// height and width, kernel size, stride and padding (both axes).
 type ConvCase = (usize, usize, usize, usize, usize, usize, usize, usize);
 
-/// `x -> QLinearConv -> DequantizeLinear -> HardSwish -> QuantizeLinear -> y`: activations
-/// of type `d` with random per-tensor qparams, symmetric int8 weights with one scale per
-/// output channel and an int32 bias. Weights stay within `[-64, 63]`, where ONNX Runtime's
-/// u8 x s8 kernels are exact on every x86 CPU.
-fn conv_then_hardswish(d: DType, c: &ConvCase, rng: &mut Rng) -> (Model, Vec<(String, Tensor)>) {
+/// `x -> QLinearConv -> DequantizeLinear -> HardSwish -> QuantizeLinear -> y` over `batch`
+/// images: activations of type `d` (`y` of type `y_type`) with random per-tensor qparams,
+/// symmetric int8 weights with one scale per output channel and an int32 bias. Weights stay
+/// within `[-64, 63]`, where ONNX Runtime's u8 x s8 kernels are exact on every x86 CPU.
+fn conv_then_hardswish(d: DType, y_type: DType, batch: usize, c: &ConvCase, rng: &mut Rng) -> (Model, Vec<(String, Tensor)>) {
     let &(ci, co, group, ih, iw, k, stride, pad) = c;
     let (lo, hi) = range(d);
     let mut g = Graph::new("g");
-    let xv = g.add_input("x", Some(ValueType::tensor_of(d, &[1, ci as i64, ih as i64, iw as i64]))).unwrap();
+    let xv = g.add_input("x", Some(ValueType::tensor_of(d, &[batch as i64, ci as i64, ih as i64, iw as i64]))).unwrap();
     let init = |g: &mut Graph, name: &str, t: Tensor| g.add_initializer(name, t).unwrap();
     let xs = init(&mut g, "xs", Tensor::scalar(rng.pick(&[0.02f32, 0.05, 0.013])));
     let xz = init(&mut g, "xz", q8(d, &[], &[rng.int(lo / 2, hi / 2)]));
@@ -307,7 +307,8 @@ fn conv_then_hardswish(d: DType, c: &ConvCase, rng: &mut Rng) -> (Model, Vec<(St
     let s1 = init(&mut g, "s1", Tensor::scalar(rng.pick(&[0.03f32, 0.06, 0.11])));
     let z1 = init(&mut g, "z1", q8(d, &[], &[rng.int(lo, hi)]));
     let s2 = init(&mut g, "s2", Tensor::scalar(rng.pick(&[0.02f32, 0.05])));
-    let z2 = init(&mut g, "z2", q8(d, &[], &[rng.int(lo, hi)]));
+    let (ylo, yhi) = range(y_type);
+    let z2 = init(&mut g, "z2", q8(y_type, &[], &[rng.int(ylo, yhi)]));
     let add = |g: &mut Graph, op: &str, inputs: Vec<ValueId>, attrs: Vec<(&str, Attr)>| {
         let out = g.new_value(format!("{op}_out"), None).unwrap();
         let mut n = Node::new(op, format!("{op}_node")).with_outputs(vec![out]);
@@ -329,7 +330,7 @@ fn conv_then_hardswish(d: DType, c: &ConvCase, rng: &mut Rng) -> (Model, Vec<(St
     let h = add(&mut g, "HardSwish", vec![f], vec![]);
     let y = add(&mut g, "QuantizeLinear", vec![h, s2, z2], vec![]);
     g.set_outputs(vec![y]).unwrap();
-    let x = q8(d, &[1, ci, ih, iw], &(0..ci * ih * iw).map(|_| rng.int(lo, hi)).collect::<Vec<_>>());
+    let x = q8(d, &[batch, ci, ih, iw], &(0..batch * ci * ih * iw).map(|_| rng.int(lo, hi)).collect::<Vec<_>>());
     let m = Model { ir_version: 10, opset_imports: vec![OpsetImport { domain: String::new(), version: 21 }], graph: g, ..Default::default() };
     (m, vec![("x".to_string(), x)])
 }
@@ -339,7 +340,8 @@ fn lookup_tables_after_convolutions_run_inside_them_like_onnx_runtime() {
     let dir = TempDir::new("lut-conv");
     // Pointwise over 7 panels of positions (split unevenly across 2 threads), dense 3 x 3,
     // depthwise with stride 2, depthwise 5 x 5 over two rows, a grouped convolution, and a
-    // 7 x 7 image (too few positions for the NCHW kernels).
+    // 7 x 7 image (too few positions for the NCHW kernels). Every other case has two images,
+    // and every third a table whose type differs from the convolution's.
     let cases: [ConvCase; 6] = [
         (96, 128, 1, 14, 14, 1, 1, 0),
         (8, 24, 1, 20, 30, 3, 1, 1),
@@ -352,17 +354,18 @@ fn lookup_tables_after_convolutions_run_inside_them_like_onnx_runtime() {
     for d in [DType::U8, DType::I8] {
         for (i, case) in cases.iter().enumerate() {
             let mut rng = Rng::new(500 + i as u64);
-            let (m, feeds) = conv_then_hardswish(d, case, &mut rng);
+            let y_type = if i % 3 == 2 { if d == DType::U8 { DType::I8 } else { DType::U8 } } else { d };
+            let (m, feeds) = conv_then_hardswish(d, y_type, 1 + i % 2, case, &mut rng);
             let path = dir.path().join("m.onnx");
             qforge_onnx::save(&m, &path).unwrap();
             let ort = ort_run(&path, &feeds, 1);
             for threads in [1, 2] {
-                let what = format!("{d} case {case:?} threads {threads}");
+                let what = format!("{d} -> {y_type} case {case:?} images {} threads {threads}", 1 + i % 2);
                 let s = Session::with_options(&m, SessionOptions { threads }).unwrap();
                 let log = s.qdq_lowering().unwrap();
                 assert_eq!(log.tables_in_convs.len(), 1, "{what}: the HardSwish table runs inside the convolution: {log:?}");
                 let ours = s.run(feeds.clone()).unwrap();
-                assert_eq!(ours[0].1.dtype(), d, "{what}");
+                assert_eq!(ours[0].1.dtype(), y_type, "{what}");
                 let (a, b) = (ours[0].1.to_i64_vec().unwrap(), ort[0].1.to_i64_vec().unwrap());
                 assert_eq!(a.len(), b.len(), "{what}");
                 let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();

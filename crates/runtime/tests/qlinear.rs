@@ -846,6 +846,7 @@ fn bad_inputs_are_refused_with_the_node_named() {
         (error_of("QLinearConv", "", vec![u8s(&[1, 4, 5, 5]), f(0.1), u8s(&[]), i8s(&[3, 2, 3, 3]), f(0.1), i8s(&[]), f(0.2), u8s(&[])], vec![("group", Attr::Int(1))]), "with group 1"),
         (error_of("ConvInteger", "", vec![u8s(&[1, 2, 5, 5, 5]), u8s(&[3, 2, 3, 3, 3])], vec![]), "only 1-D and 2-D"),
         (error_of("ConvInteger", "", vec![u8s(&[1, 2, 2, 2]), u8s(&[3, 2, 3, 3])], vec![]), "larger than the padded input"),
+        (error_of("QLinearConv", "", vec![u8s(&[1, 2, 0, 3]), f(0.1), u8s(&[]), i8s(&[2, 1, 1, 1]), f(0.1), i8s(&[]), f(0.2), u8s(&[])], vec![("group", Attr::Int(2)), ("pads", Attr::Ints(vec![1, 0, 0, 0]))]), "convolving an empty image"),
         (error_of("QGemm", MS_DOMAIN, vec![u8s(&[2, 3]), f(0.1), u8s(&[]), i8s(&[3, 4]), f(0.1), i8s(&[]), Tensor::zeros(DType::I32, &[3]).unwrap()], vec![]), "does not broadcast to [2, 4]"),
     ];
     for (err, want) in &cases {

@@ -662,13 +662,13 @@ fn qlinear_conv_lookup(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     Ok(Box::new(conv))
 }
 
-/// Reads the window attributes and `group` (an error names the node when it is below 1), and
-/// packs constant 1-D/2-D weights per group unless the convolution is depthwise.
+/// The kernel of [`qconv_kernel`], boxed.
 fn qconv(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<Box<dyn Kernel>> {
     Ok(Box::new(qconv_kernel(info, kind, w_index)?))
 }
 
-/// The kernel [`qconv`] boxes.
+/// Reads the window attributes and `group` (an error names the node when it is below 1), and
+/// packs constant 1-D/2-D weights per group unless the convolution is depthwise.
 fn qconv_kernel(info: &NodeInfo, kind: ConvKind, w_index: usize) -> RuntimeResult<QConv> {
     let window = Window::from_node(info)?;
     let group = info.attr_int("group", 1);
@@ -1050,8 +1050,11 @@ impl Kernel for QConv {
         };
         let plane_in = ih * iw;
         let plane = oh * ow;
+        if plane_in == 0 && n * m * plane > 0 {
+            return Err(kernel_error(format!("x of shape {xs:?} has no positions, but the padding gives {oh} x {ow} outputs: convolving an empty image is not supported")));
+        }
         // Whether the kernel that ran applied the table itself, block by block.
-        let mut tabled = false;
+        let mut table_applied = false;
         if n > 0 && m > 0 && plane > 0 {
             if geo.depthwise_shape() {
                 #[cfg(target_arch = "x86_64")]
@@ -1061,7 +1064,7 @@ impl Kernel for QConv {
                 let dw = DepthwiseWeights { w: wb, wt, w_zp: &w_zp, prepared };
                 for b in 0..n {
                     let img = &xb[b * c * plane_in..(b + 1) * c * plane_in];
-                    tabled = depthwise(img, xt, x_zp, &dw, h, wa, requant.as_ref(), &mut out, b * m * plane);
+                    table_applied = depthwise(img, xt, x_zp, &dw, h, wa, requant.as_ref(), &mut out, b * m * plane);
                 }
             } else if plane >= NCHW_MIN_PLANE && nchw_kernel(self.kind, &geo, &self.window) {
                 #[cfg(target_arch = "x86_64")]
@@ -1100,7 +1103,7 @@ impl Kernel for QConv {
                             }
                         }
                     }
-                    tabled = true;
+                    table_applied = true;
                 }
             } else {
                 let owned;
@@ -1136,9 +1139,8 @@ impl Kernel for QConv {
         };
         let out_type = match self.table {
             Some((table, table_type)) => {
-                if !tabled {
-                    // SAFETY: `bytes` is exclusively borrowed: one run of all its bytes.
-                    unsafe { super::qlinear_ms::lookup_in_place(bytes.as_mut_ptr(), bytes.len(), 1, 0, &table) };
+                if !table_applied {
+                    super::qlinear_ms::lookup_all_in_place(&mut bytes, &table);
                 }
                 table_type
             }

@@ -147,14 +147,30 @@ fn apply_table<T: Out8, O: Out8>(x: &[T], table: &[O; 256]) -> Vec<O> {
 /// `dst[i] = table[src[i]]` over slices of equal length, split across [`threads`] when they
 /// are large enough to be worth it.
 fn lookup_all(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
+    use rayon::prelude::*;
+    match lookup_chunk(src.len()) {
+        Some(chunk) => dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| lookup_bytes(s, table, d)),
+        None => lookup_bytes(src, table, dst),
+    }
+}
+
+/// [`lookup_all`] in place: `bytes[i] = table[bytes[i]]`.
+pub(crate) fn lookup_all_in_place(bytes: &mut [u8], table: &[u8; 256]) {
+    use rayon::prelude::*;
+    // SAFETY: each call maps one exclusively borrowed chunk: one run of all its bytes.
+    let map = |c: &mut [u8]| unsafe { lookup_in_place(c.as_mut_ptr(), c.len(), 1, 0, table) };
+    match lookup_chunk(bytes.len()) {
+        Some(chunk) => bytes.par_chunks_mut(chunk).for_each(map),
+        None => map(bytes),
+    }
+}
+
+/// The chunk size [`lookup_all`] splits `len` bytes into across [`threads`], or `None` when
+/// one thread should map them all.
+fn lookup_chunk(len: usize) -> Option<usize> {
     const MIN_CHUNK: usize = 1 << 17;
     let threads = threads();
-    if threads == 1 || src.len() < 2 * MIN_CHUNK {
-        return lookup_bytes(src, table, dst);
-    }
-    let chunk = src.len().div_ceil(threads * 2).max(MIN_CHUNK);
-    use rayon::prelude::*;
-    dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| lookup_bytes(s, table, d));
+    (threads > 1 && len >= 2 * MIN_CHUNK).then(|| len.div_ceil(threads * 2).max(MIN_CHUNK))
 }
 
 /// `dst[i] = table[src[i]]` over slices of equal length, 64 bytes per step with AVX-512 VBMI
@@ -170,7 +186,8 @@ fn lookup_bytes(src: &[u8], table: &[u8; 256], dst: &mut [MaybeUninit<u8>]) {
 /// still in cache.
 ///
 /// # Safety
-/// The runs must be valid for reads and writes and accessed by no one else meanwhile.
+/// The runs must be valid for reads and writes, must not overlap one another (a byte would be
+/// mapped twice), and no one else may access them meanwhile.
 pub(crate) unsafe fn lookup_in_place(at: *mut u8, len: usize, count: usize, stride: usize, table: &[u8; 256]) {
     // SAFETY: the caller's runs, each read before it is written.
     unsafe { lookup_raw(Rows { src: at, dst: at, len, count, stride }, table) }
@@ -190,8 +207,9 @@ struct Rows {
 /// `dst[i] = table[src[i]]` over the runs, with the best instructions of this CPU.
 ///
 /// # Safety
-/// `src`'s runs must be readable and `dst`'s writable, each step reading its bytes before it
-/// writes them.
+/// `src`'s runs must be readable and `dst`'s writable, with no other access to either
+/// meanwhile; `dst`'s runs are `src`'s or disjoint from them (each step reads its bytes before
+/// it writes them, so mapping in place is fine).
 unsafe fn lookup_raw(rows: Rows, table: &[u8; 256]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -581,8 +599,9 @@ fn global_average<T: Out8>(x: &[T], batch: usize, channels: usize, image: usize,
     Ok(out)
 }
 
-/// The sum of 8-bit values, wrapped to `i32` (exact below 2^23 values): with AVX2, 32 bytes
-/// per `vpsadbw` (int8 values are summed as `v + 128` bytes, then `128 n` is taken off).
+/// The sum of 8-bit values wrapped to `i32`, as a wrapping `i32` fold computes it: with AVX2,
+/// 32 bytes per `vpsadbw` into 64-bit sums (int8 values are summed as `v + 128` bytes, then
+/// `128 n` is taken off).
 fn plane_sum<T: Out8>(v: &[T]) -> i32 {
     let bytes: &[u8] = bytemuck::cast_slice(v);
     let flip = if T::MIN < 0 { 0x80u8 } else { 0 };

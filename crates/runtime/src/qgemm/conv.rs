@@ -33,7 +33,7 @@ use crate::kernels::conv::Axis;
 const NR: usize = 32;
 /// Output channels per full tile.
 const MR: usize = 12;
-/// Panels per block of positions (one block is packed and computed by one thread).
+/// The most panels per block of positions (one block is packed and computed by one thread).
 const PANELS: usize = 8;
 
 /// The weights of one convolution group (`m` output channels by depth `k`, ONNX order `(c,
@@ -208,9 +208,8 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let threads = crate::kernels::util::threads();
     let panels = plane.div_ceil(NR);
     let split = parallel && threads > 1 && panels > 1 && ((m + PACK_COST) * k * plane) as u64 >= SPLIT_MIN_WORK;
-    let block_panels = block_panels(panels, if split { threads } else { 1 });
-    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, block_panels, taps, cols, pointwise };
-    let blocks = panels.div_ceil(block_panels);
+    let blocks = block_count(panels, if split { threads } else { 1 });
+    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, panels, blocks, taps, cols, pointwise };
     let o = SharedOut::uninit(&mut out[..m * plane]);
     let block = |b: usize| PANEL_BUF.with_borrow_mut(|buf| job.block(buf, b, &o));
     if split {
@@ -237,13 +236,13 @@ const SPLIT_MIN_WORK: u64 = 1 << 21;
 /// longer than multiplying it by a few output channels).
 const PACK_COST: usize = 32;
 
-/// Panels per block of positions when `panels` panels are computed by `threads` threads: at
-/// most [`PANELS`], and blocks of nearly equal size in a multiple of `threads` (while there
-/// are panels enough), so that a small image keeps every thread busy and no thread gets a
-/// block more than another.
-fn block_panels(panels: usize, threads: usize) -> usize {
-    let blocks = panels.div_ceil(PANELS).div_ceil(threads) * threads;
-    panels.div_ceil(blocks.min(panels).max(1))
+/// How many blocks `panels` panels are split into for `threads` threads: the fewest of at most
+/// [`PANELS`] panels each, rounded up to a multiple of `threads` (while there are panels
+/// enough), so that a small image keeps every thread busy. Block `b` takes panels
+/// `b * panels / blocks..(b + 1) * panels / blocks` ([`Job::block`]), so block sizes differ by
+/// at most one panel.
+fn block_count(panels: usize, threads: usize) -> usize {
+    (panels.div_ceil(PANELS).div_ceil(threads) * threads).min(panels).max(1)
 }
 
 /// One convolution group's constants for its blocks.
@@ -261,8 +260,10 @@ struct Job<'a> {
     /// The output stage, for its table.
     rq: ConvRequant<'a>,
     plane: usize,
-    /// Panels of [`NR`] positions per block ([`block_panels`]).
-    block_panels: usize,
+    /// Panels of [`NR`] positions in the plane, and the blocks they are split into
+    /// ([`block_count`]).
+    panels: usize,
+    blocks: usize,
     /// Per depth `(c, ki, kj)`: the channel's offset in `x`, `ki * dilation - pad_begin` on
     /// the rows, and `kj`.
     taps: Vec<(usize, isize, usize)>,
@@ -278,8 +279,9 @@ impl Job<'_> {
     /// Packs block `b` of positions into `buf` and computes every output channel of it.
     fn block<T: Out8>(&self, buf: &mut AlignedBuf, b: usize, out: &SharedOut<T>) {
         let groups = self.wts.kp / 4;
-        let p0 = b * NR * self.block_panels;
-        let n = (self.plane - p0).min(NR * self.block_panels);
+        let (first, end) = (b * self.panels / self.blocks, (b + 1) * self.panels / self.blocks);
+        let p0 = first * NR;
+        let n = (end * NR).min(self.plane) - p0;
         let panels = n.div_ceil(NR);
         let panel_bytes = groups * NR * 4;
         buf.reserve_len(panels * panel_bytes + panels * NR * 4);
