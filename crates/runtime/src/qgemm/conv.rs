@@ -117,9 +117,7 @@ impl ConvRequant<'_> {
             unsafe { crate::kernels::qlinear_ms::lookup_in_place(at.cast::<u8>(), len, count, stride, table) };
         }
     }
-}
 
-impl ConvRequant<'_> {
     /// Panics unless the per-channel scales, weight zero points and bias cover `channels`
     /// output channels.
     pub(crate) fn assert_covers(&self, channels: usize) {
