@@ -22,7 +22,7 @@ use qforge_ir::{DType, Graph, OpsetImport, Tensor};
 
 use crate::kernels::conv::{build_conv, Conv};
 use crate::kernels::fused::{Binary, Inst, Operand, Param, ParamShape, Program, Scratch, Unary, MAX_OPERANDS};
-use crate::kernels::util::{assume_init, min_items, threads, uninit_f32, ELEMENT_WORK};
+use crate::kernels::util::{assume_init, min_items, threads, uninit, ELEMENT_WORK};
 use crate::plan::{assign_frees, opset_of, Plan, Step};
 use crate::{kernel_error, Kernel, NodeInfo, RunCtx, RuntimeResult};
 
@@ -480,7 +480,7 @@ fn run_program(program: &Program, x: &Tensor, extras: &[&Tensor]) -> RuntimeResu
     let views: Vec<(&[f32], &[usize])> = extras.iter().map(|t| (t.as_slice::<f32>().unwrap(), t.shape())).collect();
     let Some(bound) = program.bind(x.shape(), &views) else { return Ok(None) };
     let xs = x.as_slice::<f32>().unwrap();
-    let mut out = uninit_f32(xs.len());
+    let mut out = uninit::<f32>(xs.len());
     if xs.len() < 2 * CHUNK || threads() == 1 {
         bound.eval(&mut out, 0, xs, &mut Scratch::new());
     } else {

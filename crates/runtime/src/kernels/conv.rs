@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use super::elementwise::{from_f32, to_f32};
 use super::fused::{Bound, Program, Scratch};
 use super::gemm::{sgemm_into, MatRef};
-use super::util::{assume_init, assume_init_mut, input, kernel, map_in_place, min_items, opt_input, par_chunks_mut, par_steps, threads, uninit_f32, ELEMENT_WORK};
+use super::util::{assume_init, assume_init_mut, input, kernel, map_in_place, min_items, opt_input, par_chunks_mut, par_steps, threads, uninit, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 use qforge_ir::{DType, Tensor};
 
@@ -647,7 +647,7 @@ fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: O
     let mg = m / group;
     let kdim = cg * kh * kw;
     let fin = Finish { bias, channels: m, plane, epilogue: bound.as_ref() };
-    let mut out = uninit_f32(n * m * plane);
+    let mut out = uninit::<f32>(n * m * plane);
     let pointwise = kh == 1 && kw == 1 && h.stride == 1 && wa.stride == 1 && h.pad_begin + h.pad_end + wa.pad_begin + wa.pad_end == 0;
     let depthwise = cg == 1 && mg == 1;
     for b in 0..n {
@@ -1265,7 +1265,7 @@ fn transposed_conv_2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, geo: &Transpos
     let &TransposedConv { n, c, ih, iw, group, mg, kh, kw, sh, dh, oh, ow, .. } = geo;
     let m = mg * group;
     let kdim = mg * kh * kw;
-    let mut out = uninit_f32(n * m * oh * ow);
+    let mut out = uninit::<f32>(n * m * oh * ow);
     let span = (kh - 1) * dh + 1;
     let nonempty = ih > 0 && iw > 0 && kdim > 0 && c > 0;
     let tiles = nonempty && kh == sh && kw == geo.sw && dh == 1 && geo.dw == 1 && geo.ph == 0 && geo.pw == 0 && oh == ih * sh && ow == iw * geo.sw;
@@ -1288,7 +1288,7 @@ fn transposed_conv_2d(x: &[f32], w: &[f32], bias: Option<&[f32]>, geo: &Transpos
     for &(first, step) in waves {
         let items: Vec<(usize, usize, usize)> =
             (0..n).flat_map(|b| (0..group).flat_map(move |g| (first..blocks).step_by(step).map(move |blk| (b, g, blk)))).collect();
-        par_steps(items.len(), 1, min_items(block_work), || uninit_f32(kdim * rows * iw), |cols, i| {
+        par_steps(items.len(), 1, min_items(block_work), || uninit::<f32>(kdim * rows * iw), |cols, i| {
             let (b, g, blk) = items[i];
             let (y0, y1) = (blk * rows, (blk * rows + rows).min(ih));
             if owned_rows {

@@ -426,7 +426,7 @@ fn binary(op: Binary, d: &mut [f32], a: Src, b: Src) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::util::{assume_init, uninit_f32};
+    use crate::kernels::util::{assume_init, uninit};
 
     #[test]
     fn program_matches_op_by_op_evaluation() {
@@ -456,7 +456,7 @@ mod tests {
             Unary::HardSwish.apply(a) / 6.0 + r[i]
         }).collect();
         let bound = prog.bind(&shape, &[(&r, &shape)]).unwrap();
-        let mut out = uninit_f32(30);
+        let mut out = uninit::<f32>(30);
         let mut scratch = vec![];
         bound.eval(&mut out, 0, &x, &mut scratch);
         // SAFETY: `eval` writes every element.
@@ -476,7 +476,7 @@ mod tests {
         };
         let s = [10.0, 20.0, 30.0];
         let bound = prog2.bind(&shape, &[(&s, &[1, 3, 1, 1])]).unwrap();
-        let mut out = uninit_f32(30);
+        let mut out = uninit::<f32>(30);
         bound.eval(&mut out, 0, &x, &mut scratch);
         // SAFETY: `eval` writes every element.
         let out = unsafe { assume_init(out) };

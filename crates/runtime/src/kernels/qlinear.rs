@@ -33,7 +33,7 @@ use std::sync::Arc;
 use qforge_ir::{DType, Tensor, MS_DOMAIN};
 
 use super::conv::{Axis, Window};
-use super::util::{assume_init_vec, broadcast_shape, input, opt_input, par_chunks_mut, par_steps, tensor, threads, uninit, vectorized_wide};
+use super::util::{assume_init, broadcast_shape, input, opt_input, par_chunks_mut, par_steps, tensor, threads, uninit, vectorized_wide};
 use crate::qgemm::{self, gemm, gemm_i32, ASource, Block, FillRows, Gemm, Int8, Isa, Out8, PackedB, Scale, SharedOut, ZeroPoints};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST, QLINEAR_CONV_LOOKUP, RUNTIME_DOMAIN};
 
@@ -957,10 +957,10 @@ enum ConvOut {
 
 /// Requantization parameters of QLinearConv: the per-channel (or single) multiplier, the
 /// optional int32 bias per output channel and the optional table of [`QLINEAR_CONV_LOOKUP`].
-struct Requant {
+struct Requant<'a> {
     mult: Vec<f32>,
     bias: Option<Vec<i32>>,
-    table: Option<[u8; 256]>,
+    table: Option<&'a [u8; 256]>,
 }
 
 impl Kernel for QConv {
@@ -1044,7 +1044,7 @@ impl Kernel for QConv {
                 Int8::U8 => ConvOut::U8(uninit(len), z),
                 Int8::I8 => ConvOut::I8(uninit(len), z),
             };
-            (Some(Requant { mult, bias, table: self.table.map(|t| t.0) }), out)
+            (Some(Requant { mult, bias, table: self.table.as_ref().map(|t| &t.0) }), out)
         } else {
             (None, ConvOut::I32(uninit(n * m * oh * ow)))
         };
@@ -1093,7 +1093,7 @@ impl Kernel for QConv {
                                 bias: rq.bias.as_ref().map(|v| &v[j0..j0 + mg]),
                                 w_zp: if w_zp.len() == 1 { ZeroPoints::Tensor(w_zp[0]) } else { ZeroPoints::Each(&w_zp[j0..j0 + mg]) },
                                 y_zp,
-                                table: rq.table.as_ref(),
+                                table: rq.table,
                             };
                             let at = (b * m + j0) * plane..(b * m + j0 + mg) * plane;
                             match &mut out {
@@ -1132,9 +1132,9 @@ impl Kernel for QConv {
         // no image, channel or position there is no element).
         let (mut bytes, own_type) = unsafe {
             match out {
-                ConvOut::I32(v) => return Ok(vec![tensor(&shape, assume_init_vec(v))?]),
-                ConvOut::U8(v, _) => (assume_init_vec(v), Int8::U8),
-                ConvOut::I8(v, _) => (bytemuck::allocation::cast_vec(assume_init_vec(v)), Int8::I8),
+                ConvOut::I32(v) => return Ok(vec![tensor(&shape, assume_init(v))?]),
+                ConvOut::U8(v, _) => (assume_init(v), Int8::U8),
+                ConvOut::I8(v, _) => (bytemuck::allocation::cast_vec(assume_init(v)), Int8::I8),
             }
         };
         let out_type = match self.table {
@@ -1254,7 +1254,7 @@ fn depthwise(img: &[u8], xt: Int8, x_zp: i32, dw: &DepthwiseWeights, h: Axis, wa
             bias: rq.bias.as_deref(),
             w_zp: zp_arg(w_zp),
             y_zp,
-            table: rq.table.as_ref(),
+            table: rq.table,
         };
         let at = base..base + c * h.output * wa.output;
         if qgemm::depthwise::available() && qgemm::depthwise::supports(&wa) {

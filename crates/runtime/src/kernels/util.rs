@@ -26,15 +26,10 @@ where
     Ok(Box::new(FnKernel(f)))
 }
 
-/// Storage for `len` f32 that a kernel writes completely before anything reads it: the
+/// Storage for `len` elements that a kernel writes completely before anything reads it: the
 /// elements start uninitialized (sparing a zero-filling pass) and are written through raw
 /// pointers or [`MaybeUninit::write`]; [`assume_init`] and its siblings give the values once
 /// written.
-pub fn uninit_f32(len: usize) -> Vec<MaybeUninit<f32>> {
-    uninit(len)
-}
-
-/// [`uninit_f32`] for elements of any type.
 pub fn uninit<T>(len: usize) -> Vec<MaybeUninit<T>> {
     let mut v = Vec::with_capacity(len);
     // SAFETY: the capacity is `len`, and `MaybeUninit` needs no initialization.
@@ -56,27 +51,18 @@ pub unsafe fn written<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> 
     out
 }
 
-/// The values of a buffer from [`uninit_f32`].
+/// The values of a buffer from [`uninit`].
 ///
 /// # Safety
 /// Every element of `v` has been written.
-pub unsafe fn assume_init(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
-    // SAFETY: the caller's guarantee.
-    unsafe { assume_init_vec(v) }
-}
-
-/// [`assume_init`] for elements of any type.
-///
-/// # Safety
-/// Every element of `v` has been written.
-pub unsafe fn assume_init_vec<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
+pub unsafe fn assume_init<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
     let mut v = std::mem::ManuallyDrop::new(v);
     // SAFETY: `MaybeUninit<T>` has the layout of `T`, the allocation is handed over whole
     // (pointer, length, capacity), and the caller guarantees every element is written.
     unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
 }
 
-/// The values of a written region of a buffer from [`uninit_f32`].
+/// The values of a written region of a buffer from [`uninit`].
 ///
 /// # Safety
 /// Every element of `s` has been written.
@@ -86,7 +72,7 @@ pub unsafe fn assume_init_mut(s: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     unsafe { &mut *(s as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
-/// Writes `src` into the region `dst` of a buffer from [`uninit_f32`] (equal lengths).
+/// Writes `src` into the region `dst` of a buffer from [`uninit`] (equal lengths).
 #[inline(always)]
 pub fn write_slice(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "regions of one length");

@@ -207,7 +207,7 @@ pub(crate) fn conv_requant<T: Out8>(wts: &ConvW, inp: &ConvInput, rq: &ConvRequa
     let panels = plane.div_ceil(NR);
     let split = parallel && threads > 1 && panels > 1 && ((m + PACK_COST) * k * plane) as u64 >= SPLIT_MIN_WORK;
     let blocks = block_count(panels, if split { threads } else { 1 });
-    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, zp: rq.y_zp, rq: *rq, plane, panels, blocks, taps, cols, pointwise };
+    let job = Job { wts, inp: *inp, row, neg_wz, col_terms, scale, lo: (T::MIN - rq.y_zp) as f32, hi: (T::MAX - rq.y_zp) as f32, rq: *rq, plane, panels, blocks, taps, cols, pointwise };
     let o = SharedOut::uninit(&mut out[..m * plane]);
     let block = |b: usize| PANEL_BUF.with_borrow_mut(|buf| job.block(buf, b, &o));
     if split {
@@ -254,8 +254,7 @@ struct Job<'a> {
     scale: Vec<f32>,
     lo: f32,
     hi: f32,
-    zp: i32,
-    /// The output stage, for its table.
+    /// The output stage: its zero point and table.
     rq: ConvRequant<'a>,
     plane: usize,
     /// Panels of [`NR`] positions in the plane, and the blocks they are split into
@@ -319,7 +318,7 @@ impl Job<'_> {
                         scale: self.scale.as_ptr().add(r0),
                         lo: self.lo,
                         hi: self.hi,
-                        zp: self.zp,
+                        zp: self.rq.y_zp,
                     };
                     let dst = out.ptr(r0 * self.plane + q0, (rows - 1) * self.plane + cols) as *mut u8;
                     tile_fn(rows, self.col_terms)(groups, a.as_ptr().add(r0 * self.wts.kp), self.wts.kp, packed.as_ptr().add(pi * panel_bytes), &e, dst, self.plane, mask);
