@@ -125,7 +125,7 @@ impl TensorQConfig {
         let range = match self.range {
             RangeName::Minmax => RangeMethod::MinMax,
             RangeName::Percentile => RangeMethod::Percentile { percentile: self.percentile.unwrap_or(99.999) },
-            RangeName::Entropy => RangeMethod::Entropy { quantized_bins: 128 },
+            RangeName::Entropy => RangeMethod::Entropy,
             RangeName::L2 => RangeMethod::L2,
             RangeName::Mse => RangeMethod::Mse,
         };

@@ -27,8 +27,8 @@ pub enum RangeMethod {
     MinMax,
     /// The central `percentile` percent of the values.
     Percentile { percentile: f64 },
-    /// TensorRT-style KL divergence minimization over `quantized_bins` levels.
-    Entropy { quantized_bins: usize },
+    /// TensorRT-style KL divergence minimization, at the resolution of the target dtype.
+    Entropy,
     /// PyTorch's `HistogramObserver` L2 search.
     L2,
     /// The range minimizing the squared quantization error.

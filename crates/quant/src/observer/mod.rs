@@ -198,9 +198,14 @@ impl Observer {
             RangeMethod::Percentile { percentile } => search::percentile_range(&bins, percentile),
             RangeMethod::L2 => search::l2_search(&bins, levels),
             RangeMethod::Mse => search::mse_search(&bins, levels, 100),
-            RangeMethod::Entropy { quantized_bins } => {
-                let (sym, t) = search::symmetric_bins(h);
-                search::entropy_search(&sym, t, min as f64, max as f64, quantized_bins)
+            RangeMethod::Entropy => {
+                let (mut sym, t) = search::symmetric_bins(h);
+                search::flatten_zero_bin(&mut sym);
+                // The window is symmetric; a one-sided tensor uses only half of it, so the
+                // target's levels span half the window's bins.
+                let one_sided = min >= 0.0 || max <= 0.0;
+                let window_levels = if one_sided { 2 * levels } else { levels };
+                search::entropy_search(&sym, t, min as f64, max as f64, window_levels)
             }
         };
         Some(((a as f32).max(min), (b as f32).min(max)))
@@ -213,5 +218,41 @@ impl Observer {
             Observer::Histogram { histogram, .. } => histogram.nonfinite,
             Observer::MovingAverage { .. } => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Half-normal magnitudes from a fixed xorshift stream (Box-Muller).
+    fn half_normal(n: usize) -> Vec<f32> {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        (0..n).map(|_| ((-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos()).abs() as f32).collect()
+    }
+
+    #[test]
+    fn entropy_range_of_a_relu_output_keeps_its_tail() {
+        // A ReLU output: 90 % exact zeros, the rest half-normal.
+        let tail = half_normal(20_000);
+        let mut data = vec![0.0f32; 180_000];
+        data.extend_from_slice(&tail);
+        let mut observer = Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Entropy });
+        for chunk in data.chunks(10_000) {
+            observer.observe(chunk);
+        }
+        let (lo, hi) = observer.range(256).unwrap();
+        let mut sorted = tail.clone();
+        sorted.sort_by(f32::total_cmp);
+        let p99 = sorted[sorted.len() * 99 / 100];
+        let max = *sorted.last().unwrap();
+        assert_eq!(lo, 0.0);
+        assert!(hi >= p99 && hi <= max, "clip {hi} should keep 99 % of the non-zero values (p99 {p99}, max {max})");
     }
 }

@@ -153,6 +153,18 @@ pub fn symmetric_bins(h: &Histogram) -> (Vec<f64>, f64) {
     (counts, k as f64 * h.bin_width())
 }
 
+/// Gives the bin `[0, width)` of a zero-centred histogram (from [`symmetric_bins`]) the count
+/// of the bin after it, as NVIDIA's pytorch-quantization entropy calibrator does with its first
+/// `|x|` bin. A ReLU output is mostly exact zeros; left as it is, that spike dominates both
+/// distributions of the KL search, and the narrowest windows (where each quantized level covers
+/// one bin, so the spike is reproduced exactly) win however much of the tail they clip.
+pub fn flatten_zero_bin(counts: &mut [f64]) {
+    let zero = counts.len() / 2;
+    if zero + 1 < counts.len() {
+        counts[zero] = counts[zero + 1];
+    }
+}
+
 /// KL-divergence (entropy) calibration as TensorRT describes it and ONNX Runtime implements it
 /// (`HistogramCollector.get_entropy_threshold`): for each candidate symmetric window of the
 /// histogram `counts` over `[-t, t]`, fold the outliers into the edge bins (reference `p`),

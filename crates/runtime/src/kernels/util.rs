@@ -508,23 +508,25 @@ pub fn zip_map_into<A: Copy, B: Copy, O>(dst: &mut [O], a: &[A], b: &[B], f: imp
 }
 
 /// `f` applied elementwise with numpy broadcasting (in parallel for large outputs).
-pub fn binary<A: Copy + Sync, B: Copy + Sync, O: Copy + Default + Send>(a: &[A], ashape: &[usize], b: &[B], bshape: &[usize], f: impl Fn(A, B) -> O + Sync) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
+pub fn binary<A: Copy + Sync, B: Copy + Sync, O: Copy + Send>(a: &[A], ashape: &[usize], b: &[B], bshape: &[usize], f: impl Fn(A, B) -> O + Sync) -> RuntimeResult<(Vec<O>, Vec<usize>)> {
     let shape = broadcast_shape(ashape, bshape)?;
     let n: usize = shape.iter().product();
-    let mut out = vec![O::default(); n];
     if n == 0 {
-        return Ok((out, shape));
+        return Ok((vec![], shape));
     }
     let runs = Runs::new(&shape, [ashape, bshape]);
-    fill_runs(&runs, &mut out, |dst, [ia, ib], [sa, sb]| {
+    let written_run = |dst: &mut [MaybeUninit<O>], [ia, ib]: [usize; 2], [sa, sb]: [usize; 2]| {
         let len = dst.len();
         match (sa, sb) {
-            (1, 1) => zip_map_into(dst, &a[ia..ia + len], &b[ib..ib + len], &f),
-            (1, 0) => { let y = b[ib]; map_into(dst, &a[ia..ia + len], |x| f(x, y)) }
-            (0, 1) => { let x = a[ia]; map_into(dst, &b[ib..ib + len], |y| f(x, y)) }
-            _ => dst.iter_mut().enumerate().for_each(|(i, d)| *d = f(a[ia + i * sa], b[ib + i * sb])),
+            (1, 1) => zip_map_into(dst, &a[ia..ia + len], &b[ib..ib + len], |x, y| MaybeUninit::new(f(x, y))),
+            (1, 0) => { let y = b[ib]; map_into(dst, &a[ia..ia + len], |x| MaybeUninit::new(f(x, y))) }
+            (0, 1) => { let x = a[ia]; map_into(dst, &b[ib..ib + len], |y| MaybeUninit::new(f(x, y))) }
+            _ => dst.iter_mut().enumerate().for_each(|(i, d)| { d.write(f(a[ia + i * sa], b[ib + i * sb])); }),
         }
-    });
+    };
+    // SAFETY: the runs of `shape` cover every output element once, and each run writes all of
+    // its elements.
+    let out = unsafe { written(n, |dst| fill_runs(&runs, dst, written_run)) };
     Ok((out, shape))
 }
 
