@@ -367,3 +367,64 @@ fn if_branches_are_calibrated_and_quantized() {
     assert!(report.activations.iter().any(|a| a.graph == "then" && a.value == "then_relu_out"));
     assert!(report.skipped.iter().any(|(graph, _, why)| graph == "else" && why.contains("calibration")), "{:?}", report.skipped);
 }
+
+/// A Conv inside an If branch whose weight and bias are initializers of the main graph (as
+/// torch exports with control flow write them, e.g. silero-vad's opset-18 export) gets them
+/// stored quantized inside the branch (s8 weight, s32 bias, behind DequantizeLinear), in
+/// both branches; the main graph's float copies are gone, and ORT runs the result like qforge.
+#[test]
+fn weights_captured_from_the_enclosing_graph_are_stored_quantized_in_each_branch() {
+    let branch = |name: &str| {
+        let mut b = Graph::new(name);
+        let x = b.add_outer("x").unwrap();
+        let w = b.add_outer("shared_w").unwrap();
+        let bias = b.add_outer("shared_b").unwrap();
+        let c = op(&mut b, "Conv", &format!("{name}_conv"), &[x, w, bias]);
+        let r = op(&mut b, "Relu", &format!("{name}_relu"), &[c]);
+        b.set_outputs(vec![r]).unwrap();
+        b
+    };
+    let mut g = Graph::new("g");
+    input(&mut g, "x", &[1, 3, 4, 4]);
+    weight(&mut g, "shared_w", &[2, 3, 1, 1], 21);
+    weight(&mut g, "shared_b", &[2], 22);
+    let cond = g.add_input("cond", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::Bool, &[]))).unwrap();
+    let out = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
+        .with_attr("then_branch", Attr::Graph(Box::new(branch("then"))))
+        .with_attr("else_branch", Attr::Graph(Box::new(branch("else"))))).unwrap();
+    g.set_outputs(vec![out]).unwrap();
+    let backend = BackendConfig::load("ort").unwrap();
+    let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let feed = |seed: u64, cond: bool| vec![
+        ("x".to_string(), Tensor::from_vec(&[1, 3, 4, 4], noise(seed, 48, -1.0, 1.0)).unwrap()),
+        ("cond".to_string(), Tensor::from_bools(&[], &[cond]).unwrap()),
+    ];
+    let samples: Vec<_> = (0..4).map(|s| feed(30 + s, s % 2 == 0)).collect();
+    let (q, report) = quantize(&model(g, 13), &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    q.graph.check().unwrap();
+    assert!(q.graph.value_by_name("shared_w").is_none() && q.graph.value_by_name("shared_b").is_none(), "float copies left in the main graph");
+    let (_, node) = q.graph.nodes().find(|(_, n)| n.op_type == "If").unwrap();
+    for attr in ["then_branch", "else_branch"] {
+        let Some(Attr::Graph(b)) = node.attr(attr) else { panic!("{attr}") };
+        let conv = b.nodes().find(|(_, n)| n.op_type == "Conv").unwrap().1;
+        for (i, dtype) in [(1, qforge_ir::DType::I8), (2, qforge_ir::DType::I32)] {
+            let (p, _) = b.producer(conv.input(i).unwrap()).unwrap_or_else(|| panic!("{attr}: Conv input {i} has no producer"));
+            let dq = b.node(p).unwrap();
+            assert_eq!(dq.op_type, "DequantizeLinear", "{attr}: Conv input {i}");
+            let stored = b.value(dq.input(0).unwrap()).unwrap();
+            assert!(stored.is_constant() && stored.initializer().unwrap().dtype() == dtype, "{attr}: Conv input {i} stored as {:?}", stored.initializer().map(|t| t.dtype()));
+        }
+    }
+    let tmp = TempDir::new("ptq_captured");
+    let path = tmp.path().join("captured.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let coarsest_step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
+    for cond in [true, false] {
+        let inputs = feed(99, cond);
+        let ours = qforge_runtime::Session::new(&q).unwrap().run(inputs.clone()).unwrap();
+        let theirs = ort_run_qdq(&path, &inputs, 1);
+        let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, coarsest_step as f64);
+        assert!(ok, "cond {cond}: qforge and ORT differ by {worst}, more than one step {coarsest_step}");
+    }
+}

@@ -4,9 +4,11 @@
 
 mod fold_affine;
 mod fold_constant_scales;
+mod localize_captured_weights;
 mod upgrade_opset;
 
 pub use fold_affine::fold_affine;
 pub use fold_constant_scales::fold_constant_scales;
+pub use localize_captured_weights::localize_captured_weights;
 pub use qforge_runtime::{fold_constants, lower_qoperator, LowerError, LowerLog, Lowered, NotLowered};
 pub use upgrade_opset::{upgrade_opset, Rewrite, UpgradeError, MAX_OPSET};
