@@ -1,20 +1,13 @@
 use std::collections::BTreeMap;
 
-use qforge_ir::{Attr, DType, Graph, IrResult, Patch, ValueKind};
+use qforge_ir::{Attr, DType, Graph, IrResult, Patch, Tensor, ValueId, ValueKind};
 
-/// The inputs of a node that quantization stores as constants (weight, bias), by op type.
-fn weight_inputs(op: &str) -> &'static [usize] {
-    match op {
-        "Conv" | "ConvTranspose" | "Gemm" => &[1, 2],
-        "MatMul" => &[1],
-        _ => &[],
-    }
-}
+use crate::quantizer::weight_axes;
 
 /// Gives each subgraph of `g`'s nodes (If branches, Loop and Scan bodies) its own copy of the
-/// float constants it reads from `g` as the weight or bias of a Conv, ConvTranspose, Gemm or
-/// MatMul. Quantization stores a weight as integers only when it is a constant of the weight's
-/// own graph; a weight captured from the enclosing graph would otherwise stay float. The copy
+/// float constants it reads from `g` as the weight (input 1 of an op with a weight layout,
+/// [`weight_axes`]: Conv, ConvTranspose, Gemm, MatMul) and bias (input 2, with that weight).
+/// Quantization stores a weight as integers only when it is a constant of the weight's own graph; a weight captured from the enclosing graph would otherwise stay float. The copy
 /// is an initializer of the subgraph named `<subgraph>.<weight>` (made unique); other readers
 /// of the captured value keep reading it, and `g`'s initializer is removed once nothing reads
 /// it. The node owning a changed subgraph is rebuilt in place (same inputs and outputs) so its
@@ -31,32 +24,33 @@ pub fn localize_captured_weights(g: &mut Graph) -> IrResult<usize> {
         let mut changed = false;
         for attr in &mut node.attrs {
             let Attr::Graph(sub) = &mut attr.value else { continue };
-            // Captured constant -> the (node, input) edges that read it as a weight or bias.
-            let mut captured: BTreeMap<String, Vec<_>> = BTreeMap::new();
+            // Captured constant -> its data and the (node, input) edges reading it as a weight or bias.
+            let mut captured: BTreeMap<String, (&Tensor, Vec<_>)> = BTreeMap::new();
+            let captured_const = |v: ValueId| -> Option<(String, &Tensor)> {
+                let val = sub.value(v).ok().filter(|val| val.kind() == ValueKind::Outer)?;
+                let t = g.value(g.value_by_name(&val.name)?).ok().filter(|o| o.is_constant())?.initializer()?;
+                (t.dtype() == DType::F32).then(|| (val.name.clone(), t))
+            };
             for (sid, sn) in sub.nodes() {
                 if !sn.domain.is_empty() && sn.domain != "ai.onnx" {
                     continue;
                 }
-                for &i in weight_inputs(&sn.op_type) {
-                    let Some(v) = sn.input(i) else { continue };
-                    let val = sub.value(v)?;
-                    if val.kind() != ValueKind::Outer {
-                        continue;
-                    }
-                    let outer = g.value_by_name(&val.name).and_then(|o| g.value(o).ok());
-                    if outer.is_some_and(|o| o.is_constant() && o.initializer().is_some_and(|t| t.dtype() == DType::F32)) {
-                        captured.entry(val.name.clone()).or_default().push((sid, i));
-                    }
+                let Some((name, w)) = sn.input(1).and_then(captured_const) else { continue };
+                if weight_axes(sn, w.shape().len()).0.is_none() {
+                    continue;
+                }
+                captured.entry(name).or_insert((w, vec![])).1.push((sid, 1));
+                if let Some((bias, b)) = sn.input(2).and_then(captured_const) {
+                    captured.entry(bias).or_insert((b, vec![])).1.push((sid, 2));
                 }
             }
             if captured.is_empty() {
                 continue;
             }
             let mut patch = Patch::new(sub, "localize_captured_weights");
-            for (name, edges) in &captured {
-                let tensor = g.value(g.value_by_name(name).expect("found above"))?.initializer().expect("constant").clone();
+            for (name, (tensor, edges)) in &captured {
                 let local = patch.unique_name(sub, &format!("{}.{name}", sub.name));
-                let local = patch.new_initializer(local, tensor);
+                let local = patch.new_initializer(local, (*tensor).clone());
                 for &(sid, i) in edges {
                     patch.redirect_input(sid, i, local);
                 }
