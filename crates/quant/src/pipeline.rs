@@ -150,23 +150,14 @@ fn stage<E: std::fmt::Display>(stage: &'static str) -> impl Fn(E) -> QuantizeErr
     move |e| QuantizeError::Stage { stage, reason: e.to_string() }
 }
 
-/// The fusion passes, before annotation: `localize_captured_weights` on every graph until no
-/// graph changes, then on every graph (main graph first) `fold_constants`,
+/// The fusion passes, before annotation: `localize_captured_weights` (every subgraph, at any
+/// depth), then on every graph (main graph first) `fold_constants`,
 /// `fold_constant_scales` and `fold_affine`. Returns the number of affine nodes folded into
 /// weights. Tools that compare a quantized model with its float original apply the same passes
 /// to the float model, so folded tensors carry the same names.
 pub fn fuse(m: &mut Model) -> Result<usize, String> {
-    // A graph whose subgraphs changed gets new node ids, so the paths are listed again.
-    'localize: loop {
-        let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
-        for p in &paths {
-            let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
-            if localize_captured_weights(g).map_err(|e| format!("localize_captured_weights: {e}"))? > 0 {
-                g.check().map_err(|e| format!("localize_captured_weights: {e}"))?;
-                continue 'localize;
-            }
-        }
-        break;
+    if localize_captured_weights(&mut m.graph).map_err(|e| format!("localize_captured_weights: {e}"))? > 0 {
+        m.graph.check().map_err(|e| format!("localize_captured_weights: {e}"))?;
     }
     let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     let opsets = m.opset_imports.clone();

@@ -372,6 +372,89 @@ fn if_branches_are_calibrated_and_quantized() {
 /// torch exports with control flow write them, e.g. silero-vad's opset-18 export) gets them
 /// stored quantized inside the branch (s8 weight, s32 bias, behind DequantizeLinear), in
 /// both branches; the main graph's float copies are gone, and ORT runs the result like qforge.
+/// A weight read two subgraph levels below the graph that defines it (a Conv in an If nested in
+/// an If branch, reading the main graph's constants) is stored quantized in the graph that reads
+/// it, like the one read a level up.
+#[test]
+fn weights_captured_two_levels_down_are_stored_quantized_where_they_are_read() {
+    let conv_relu = |b: &mut Graph, name: &str, x| {
+        let w = b.add_outer("shared_w").unwrap_or_else(|_| b.value_by_name("shared_w").unwrap());
+        let bias = b.add_outer("shared_b").unwrap_or_else(|_| b.value_by_name("shared_b").unwrap());
+        let c = op(b, "Conv", &format!("{name}_conv"), &[x, w, bias]);
+        op(b, "Relu", &format!("{name}_relu"), &[c])
+    };
+    let leaf = |name: &str| {
+        let mut b = Graph::new(name);
+        let x = b.add_outer("x").unwrap();
+        let r = conv_relu(&mut b, name, x);
+        b.set_outputs(vec![r]).unwrap();
+        b
+    };
+    // then: conv -> relu -> If(cond) { conv -> relu } ; else: conv -> relu.
+    let mut outer = Graph::new("outer");
+    let x = outer.add_outer("x").unwrap();
+    let cond = outer.add_outer("cond").unwrap();
+    let first = conv_relu(&mut outer, "outer", x);
+    let inner_out = outer.new_value("inner_y", None).unwrap();
+    let first_name = outer.value(first).unwrap().name.clone();
+    let inner = |name: &str| {
+        let mut b = Graph::new(name);
+        let h = b.add_outer(&first_name).unwrap();
+        let r = conv_relu(&mut b, name, h);
+        b.set_outputs(vec![r]).unwrap();
+        b
+    };
+    outer.add_node(Node::new("If", "inner_if").with_inputs([cond]).with_outputs([inner_out])
+        .with_attr("then_branch", Attr::Graph(Box::new(inner("inner_then"))))
+        .with_attr("else_branch", Attr::Graph(Box::new(inner("inner_else"))))).unwrap();
+    outer.set_outputs(vec![inner_out]).unwrap();
+    let mut g = Graph::new("g");
+    input(&mut g, "x", &[1, 3, 4, 4]);
+    weight(&mut g, "shared_w", &[3, 3, 1, 1], 23);
+    weight(&mut g, "shared_b", &[3], 24);
+    let cond = g.add_input("cond", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::Bool, &[]))).unwrap();
+    let out = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
+        .with_attr("then_branch", Attr::Graph(Box::new(outer)))
+        .with_attr("else_branch", Attr::Graph(Box::new(leaf("else"))))).unwrap();
+    g.set_outputs(vec![out]).unwrap();
+    let backend = BackendConfig::load("ort").unwrap();
+    let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let feed = |seed: u64, cond: bool| vec![
+        ("x".to_string(), Tensor::from_vec(&[1, 3, 4, 4], noise(seed, 48, -1.0, 1.0)).unwrap()),
+        ("cond".to_string(), Tensor::from_bools(&[], &[cond]).unwrap()),
+    ];
+    let samples: Vec<_> = (0..4).map(|s| feed(40 + s, s % 2 == 0)).collect();
+    let (q, report) = quantize(&model(g, 13), &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    q.graph.check().unwrap();
+    assert!(q.graph.value_by_name("shared_w").is_none() && q.graph.value_by_name("shared_b").is_none(), "float copies left in the main graph");
+    let mut convs = 0;
+    for (path, sub) in q.graph.graphs() {
+        for (_, conv) in sub.nodes().filter(|(_, n)| n.op_type == "Conv") {
+            convs += 1;
+            for (i, dtype) in [(1, qforge_ir::DType::I8), (2, qforge_ir::DType::I32)] {
+                let (p, _) = sub.producer(conv.input(i).unwrap()).unwrap_or_else(|| panic!("{path:?}: Conv input {i} has no producer"));
+                let dq = sub.node(p).unwrap();
+                assert_eq!(dq.op_type, "DequantizeLinear", "{path:?}: Conv input {i}");
+                let stored = sub.value(dq.input(0).unwrap()).unwrap();
+                assert!(stored.is_constant() && stored.initializer().unwrap().dtype() == dtype, "{path:?}: Conv input {i} stored as {:?}", stored.initializer().map(|t| t.dtype()));
+            }
+        }
+    }
+    assert_eq!(convs, 4, "one Conv in the outer branch, one in each inner branch, one in the else branch");
+    let tmp = TempDir::new("ptq_captured_nested");
+    let path = tmp.path().join("captured_nested.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let coarsest_step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
+    for cond in [true, false] {
+        let inputs = feed(98, cond);
+        let ours = qforge_runtime::Session::new(&q).unwrap().run(inputs.clone()).unwrap();
+        let theirs = ort_run_qdq(&path, &inputs, 1);
+        let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, coarsest_step as f64);
+        assert!(ok, "cond {cond}: qforge and ORT differ by {worst}, more than one step {coarsest_step}");
+    }
+}
+
 #[test]
 fn weights_captured_from_the_enclosing_graph_are_stored_quantized_in_each_branch() {
     let branch = |name: &str| {
