@@ -371,7 +371,8 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
     let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, weight_search } = c;
-    let params: Vec<_> = plan.groups.iter().map(group_qparams).collect();
+    // Range searches (entropy, MSE, ...) are independent per group.
+    let params: Vec<_> = { use rayon::prelude::*; plan.groups.par_iter().map(group_qparams).collect() };
     let opset_before = m.opset("").unwrap_or(1);
     let mut need = opset_before;
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
