@@ -368,115 +368,12 @@ fn if_branches_are_calibrated_and_quantized() {
     assert!(report.skipped.iter().any(|(graph, _, why)| graph == "else" && why.contains("calibration")), "{:?}", report.skipped);
 }
 
-/// A Conv inside an If branch whose weight and bias are initializers of the main graph (as
-/// torch exports with control flow write them, e.g. silero-vad's opset-18 export) gets them
-/// stored quantized inside the branch (s8 weight, s32 bias, behind DequantizeLinear), in
-/// both branches; the main graph's float copies are gone, and ORT runs the result like qforge.
-/// A weight read two subgraph levels below the graph that defines it (a Conv in an If nested in
-/// an If branch, reading the main graph's constants) is stored quantized in the graph that reads
-/// it, like the one read a level up.
-#[test]
-fn weights_captured_two_levels_down_are_stored_quantized_where_they_are_read() {
-    let conv_relu = |b: &mut Graph, name: &str, x| {
-        let w = b.add_outer("shared_w").unwrap_or_else(|_| b.value_by_name("shared_w").unwrap());
-        let bias = b.add_outer("shared_b").unwrap_or_else(|_| b.value_by_name("shared_b").unwrap());
-        let c = op(b, "Conv", &format!("{name}_conv"), &[x, w, bias]);
-        op(b, "Relu", &format!("{name}_relu"), &[c])
-    };
-    let leaf = |name: &str| {
-        let mut b = Graph::new(name);
-        let x = b.add_outer("x").unwrap();
-        let r = conv_relu(&mut b, name, x);
-        b.set_outputs(vec![r]).unwrap();
-        b
-    };
-    // then: conv -> relu -> If(cond) { conv -> relu } ; else: conv -> relu.
-    let mut outer = Graph::new("outer");
-    let x = outer.add_outer("x").unwrap();
-    let cond = outer.add_outer("cond").unwrap();
-    let first = conv_relu(&mut outer, "outer", x);
-    let inner_out = outer.new_value("inner_y", None).unwrap();
-    let first_name = outer.value(first).unwrap().name.clone();
-    let inner = |name: &str| {
-        let mut b = Graph::new(name);
-        let h = b.add_outer(&first_name).unwrap();
-        let r = conv_relu(&mut b, name, h);
-        b.set_outputs(vec![r]).unwrap();
-        b
-    };
-    outer.add_node(Node::new("If", "inner_if").with_inputs([cond]).with_outputs([inner_out])
-        .with_attr("then_branch", Attr::Graph(Box::new(inner("inner_then"))))
-        .with_attr("else_branch", Attr::Graph(Box::new(inner("inner_else"))))).unwrap();
-    outer.set_outputs(vec![inner_out]).unwrap();
-    let mut g = Graph::new("g");
-    input(&mut g, "x", &[1, 3, 4, 4]);
-    weight(&mut g, "shared_w", &[3, 3, 1, 1], 23);
-    weight(&mut g, "shared_b", &[3], 24);
-    let cond = g.add_input("cond", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::Bool, &[]))).unwrap();
-    let out = g.new_value("y", None).unwrap();
-    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
-        .with_attr("then_branch", Attr::Graph(Box::new(outer)))
-        .with_attr("else_branch", Attr::Graph(Box::new(leaf("else"))))).unwrap();
-    g.set_outputs(vec![out]).unwrap();
-    let backend = BackendConfig::load("ort").unwrap();
-    let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
-    let feed = |seed: u64, cond: bool| vec![
-        ("x".to_string(), Tensor::from_vec(&[1, 3, 4, 4], noise(seed, 48, -1.0, 1.0)).unwrap()),
-        ("cond".to_string(), Tensor::from_bools(&[], &[cond]).unwrap()),
-    ];
-    let samples: Vec<_> = (0..4).map(|s| feed(40 + s, s % 2 == 0)).collect();
-    let (q, report) = quantize(&model(g, 13), &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
-    q.graph.check().unwrap();
-    assert!(q.graph.value_by_name("shared_w").is_none() && q.graph.value_by_name("shared_b").is_none(), "float copies left in the main graph");
-    let mut convs = 0;
-    for (path, sub) in q.graph.graphs() {
-        for (_, conv) in sub.nodes().filter(|(_, n)| n.op_type == "Conv") {
-            convs += 1;
-            for (i, dtype) in [(1, qforge_ir::DType::I8), (2, qforge_ir::DType::I32)] {
-                let (p, _) = sub.producer(conv.input(i).unwrap()).unwrap_or_else(|| panic!("{path:?}: Conv input {i} has no producer"));
-                let dq = sub.node(p).unwrap();
-                assert_eq!(dq.op_type, "DequantizeLinear", "{path:?}: Conv input {i}");
-                let stored = sub.value(dq.input(0).unwrap()).unwrap();
-                assert!(stored.is_constant() && stored.initializer().unwrap().dtype() == dtype, "{path:?}: Conv input {i} stored as {:?}", stored.initializer().map(|t| t.dtype()));
-            }
-        }
-    }
-    assert_eq!(convs, 4, "one Conv in the outer branch, one in each inner branch, one in the else branch");
-    let tmp = TempDir::new("ptq_captured_nested");
-    let path = tmp.path().join("captured_nested.onnx");
-    qforge_onnx::save(&q, &path).unwrap();
-    let coarsest_step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
-    for cond in [true, false] {
-        let inputs = feed(98, cond);
-        let ours = qforge_runtime::Session::new(&q).unwrap().run(inputs.clone()).unwrap();
-        let theirs = ort_run_qdq(&path, &inputs, 1);
-        let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, coarsest_step as f64);
-        assert!(ok, "cond {cond}: qforge and ORT differ by {worst}, more than one step {coarsest_step}");
-    }
-}
-
-#[test]
-fn weights_captured_from_the_enclosing_graph_are_stored_quantized_in_each_branch() {
-    let branch = |name: &str| {
-        let mut b = Graph::new(name);
-        let x = b.add_outer("x").unwrap();
-        let w = b.add_outer("shared_w").unwrap();
-        let bias = b.add_outer("shared_b").unwrap();
-        let c = op(&mut b, "Conv", &format!("{name}_conv"), &[x, w, bias]);
-        let r = op(&mut b, "Relu", &format!("{name}_relu"), &[c]);
-        b.set_outputs(vec![r]).unwrap();
-        b
-    };
-    let mut g = Graph::new("g");
-    input(&mut g, "x", &[1, 3, 4, 4]);
-    weight(&mut g, "shared_w", &[2, 3, 1, 1], 21);
-    weight(&mut g, "shared_b", &[2], 22);
-    let cond = g.add_input("cond", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::Bool, &[]))).unwrap();
-    let out = g.new_value("y", None).unwrap();
-    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
-        .with_attr("then_branch", Attr::Graph(Box::new(branch("then"))))
-        .with_attr("else_branch", Attr::Graph(Box::new(branch("else"))))).unwrap();
-    g.set_outputs(vec![out]).unwrap();
+/// Quantizes `g` (inputs `x` [1, 3, 4, 4] and a boolean `cond`; its subgraphs read the main
+/// graph's initializers `shared_w` and `shared_b` as Conv weight and bias) and checks that the
+/// float copies left the main graph, that each of the `convs` Convs of the subgraphs reads an s8
+/// weight and an s32 bias behind DequantizeLinear in its own graph, and that ORT runs the result
+/// like qforge, within one step of the coarsest activation, for both conditions.
+fn assert_captured_weights_stored_quantized(g: Graph, convs: usize, tag: &str) {
     let backend = BackendConfig::load("ort").unwrap();
     let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
     let feed = |seed: u64, cond: bool| vec![
@@ -486,21 +383,23 @@ fn weights_captured_from_the_enclosing_graph_are_stored_quantized_in_each_branch
     let samples: Vec<_> = (0..4).map(|s| feed(30 + s, s % 2 == 0)).collect();
     let (q, report) = quantize(&model(g, 13), &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     q.graph.check().unwrap();
-    assert!(q.graph.value_by_name("shared_w").is_none() && q.graph.value_by_name("shared_b").is_none(), "float copies left in the main graph");
-    let (_, node) = q.graph.nodes().find(|(_, n)| n.op_type == "If").unwrap();
-    for attr in ["then_branch", "else_branch"] {
-        let Some(Attr::Graph(b)) = node.attr(attr) else { panic!("{attr}") };
-        let conv = b.nodes().find(|(_, n)| n.op_type == "Conv").unwrap().1;
-        for (i, dtype) in [(1, qforge_ir::DType::I8), (2, qforge_ir::DType::I32)] {
-            let (p, _) = b.producer(conv.input(i).unwrap()).unwrap_or_else(|| panic!("{attr}: Conv input {i} has no producer"));
-            let dq = b.node(p).unwrap();
-            assert_eq!(dq.op_type, "DequantizeLinear", "{attr}: Conv input {i}");
-            let stored = b.value(dq.input(0).unwrap()).unwrap();
-            assert!(stored.is_constant() && stored.initializer().unwrap().dtype() == dtype, "{attr}: Conv input {i} stored as {:?}", stored.initializer().map(|t| t.dtype()));
+    assert!(q.graph.value_by_name("shared_w").is_none() && q.graph.value_by_name("shared_b").is_none(), "{tag}: float copies left in the main graph");
+    let mut seen = 0;
+    for (path, sub) in q.graph.graphs() {
+        for (_, conv) in sub.nodes().filter(|(_, n)| n.op_type == "Conv") {
+            seen += 1;
+            for (i, dtype) in [(1, qforge_ir::DType::I8), (2, qforge_ir::DType::I32)] {
+                let (p, _) = sub.producer(conv.input(i).unwrap()).unwrap_or_else(|| panic!("{tag} {path:?}: Conv input {i} has no producer"));
+                let dq = sub.node(p).unwrap();
+                assert_eq!(dq.op_type, "DequantizeLinear", "{tag} {path:?}: Conv input {i}");
+                let stored = sub.value(dq.input(0).unwrap()).unwrap();
+                assert!(stored.is_constant() && stored.initializer().unwrap().dtype() == dtype, "{tag} {path:?}: Conv input {i} stored as {:?}", stored.initializer().map(|t| t.dtype()));
+            }
         }
     }
+    assert_eq!(seen, convs, "{tag}: Convs in the subgraphs");
     let tmp = TempDir::new("ptq_captured");
-    let path = tmp.path().join("captured.onnx");
+    let path = tmp.path().join(format!("{tag}.onnx"));
     qforge_onnx::save(&q, &path).unwrap();
     let coarsest_step = report.activations.iter().map(|a| a.scale).fold(0f32, f32::max);
     for cond in [true, false] {
@@ -508,6 +407,77 @@ fn weights_captured_from_the_enclosing_graph_are_stored_quantized_in_each_branch
         let ours = qforge_runtime::Session::new(&q).unwrap().run(inputs.clone()).unwrap();
         let theirs = ort_run_qdq(&path, &inputs, 1);
         let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, coarsest_step as f64);
-        assert!(ok, "cond {cond}: qforge and ORT differ by {worst}, more than one step {coarsest_step}");
+        assert!(ok, "{tag}, cond {cond}: qforge and ORT differ by {worst}, more than one step {coarsest_step}");
     }
+}
+
+/// `Relu(Conv(x, shared_w, shared_b))` in `b`, capturing the weight and bias from the main graph.
+fn captured_conv_relu(b: &mut Graph, name: &str, x: ValueId) -> ValueId {
+    let mut captured = |name: &str| match b.value_by_name(name) {
+        Some(v) => v,
+        None => b.add_outer(name).unwrap(),
+    };
+    let (w, bias) = (captured("shared_w"), captured("shared_b"));
+    let c = op(b, "Conv", &format!("{name}_conv"), &[x, w, bias]);
+    op(b, "Relu", &format!("{name}_relu"), &[c])
+}
+
+/// A graph computing `captured_conv_relu` of the captured `x`.
+fn captured_branch(name: &str) -> Graph {
+    let mut b = Graph::new(name);
+    let x = b.add_outer("x").unwrap();
+    let r = captured_conv_relu(&mut b, name, x);
+    b.set_outputs(vec![r]).unwrap();
+    b
+}
+
+/// The main graph: `y = If(cond, then_branch, else_branch)` over `x`, with the shared 3 -> 3
+/// channel 1x1 weight and bias as initializers.
+fn if_over_shared_weights(then_branch: Graph, else_branch: Graph) -> Graph {
+    let mut g = Graph::new("g");
+    input(&mut g, "x", &[1, 3, 4, 4]);
+    weight(&mut g, "shared_w", &[3, 3, 1, 1], 21);
+    weight(&mut g, "shared_b", &[3], 22);
+    let cond = g.add_input("cond", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::Bool, &[]))).unwrap();
+    let out = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("If", "if").with_inputs([cond]).with_outputs([out])
+        .with_attr("then_branch", Attr::Graph(Box::new(then_branch)))
+        .with_attr("else_branch", Attr::Graph(Box::new(else_branch)))).unwrap();
+    g.set_outputs(vec![out]).unwrap();
+    g
+}
+
+/// A Conv inside an If branch whose weight and bias are initializers of the main graph (as
+/// torch exports with control flow write them, e.g. silero-vad's opset-18 export) gets them
+/// stored quantized inside the branch, in both branches.
+#[test]
+fn weights_captured_from_the_enclosing_graph_are_stored_quantized_in_each_branch() {
+    let g = if_over_shared_weights(captured_branch("then"), captured_branch("else"));
+    assert_captured_weights_stored_quantized(g, 2, "one_level");
+}
+
+/// A weight read two subgraph levels below the graph that defines it (a Conv in an If nested in
+/// an If branch) is stored quantized in the graph that reads it, like the one read a level up.
+#[test]
+fn weights_captured_two_levels_down_are_stored_quantized_where_they_are_read() {
+    // then: Relu(Conv(x)) -> If(cond) { Relu(Conv(.)) } ; else: Relu(Conv(x)).
+    let mut outer = Graph::new("outer");
+    let x = outer.add_outer("x").unwrap();
+    let cond = outer.add_outer("cond").unwrap();
+    let first = captured_conv_relu(&mut outer, "outer", x);
+    let first_name = outer.value(first).unwrap().name.clone();
+    let inner = |name: &str| {
+        let mut b = Graph::new(name);
+        let h = b.add_outer(&first_name).unwrap();
+        let r = captured_conv_relu(&mut b, name, h);
+        b.set_outputs(vec![r]).unwrap();
+        b
+    };
+    let inner_out = outer.new_value("inner_y", None).unwrap();
+    outer.add_node(Node::new("If", "inner_if").with_inputs([cond]).with_outputs([inner_out])
+        .with_attr("then_branch", Attr::Graph(Box::new(inner("inner_then"))))
+        .with_attr("else_branch", Attr::Graph(Box::new(inner("inner_else"))))).unwrap();
+    outer.set_outputs(vec![inner_out]).unwrap();
+    let g = if_over_shared_weights(outer, captured_branch("else"));
+    assert_captured_weights_stored_quantized(g, 4, "two_levels");
 }
