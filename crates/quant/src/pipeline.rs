@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use qforge_ir::{Model, Tensor};
 use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, ValueEvent};
+use rayon::prelude::*;
 
 use crate::annotation::FloatKind;
 use crate::bias_correction::InputMeans;
@@ -372,7 +373,7 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
     let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, weight_search } = c;
     // Range searches (entropy, MSE, ...) are independent per group.
-    let params: Vec<_> = { use rayon::prelude::*; plan.groups.par_iter().map(group_qparams).collect() };
+    let params: Vec<_> = plan.groups.par_iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
     let mut need = opset_before;
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
