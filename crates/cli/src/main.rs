@@ -74,7 +74,8 @@ enum Command {
         #[arg(long, value_name = "FILE.json|FILE.html")]
         report: Option<PathBuf>,
         /// Fail when the backend rejects a requested qconfig instead of keeping the node float,
-        /// or when a node breaks the target's rules (htp: the --soc generation's constraints).
+        /// when a node breaks the target's rules (htp: the --soc generation's constraints), or
+        /// when an --exclude or --config entry matches no node.
         #[arg(long)]
         strict: bool,
         /// Worker threads (0 = all cores).

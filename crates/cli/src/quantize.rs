@@ -152,13 +152,17 @@ fn method(name: &str) -> Result<RangeName> {
     })
 }
 
+/// The QConfigMapping of the `--config` file, if one is given.
+fn config_file(args: &QuantizerArgs) -> Result<Option<QConfigMapping>> {
+    let Some(path) = &args.config else { return Ok(None) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --config {}", path.display()))?;
+    Ok(Some(QConfigMapping::from_toml(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?))
+}
+
 /// Builds the QConfigMapping: the config file's, or the backend's default, plus exclusions.
 fn mapping(args: &QuantizerArgs, backend: &BackendConfig) -> Result<QConfigMapping> {
-    let mut m = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --config {}", path.display()))?;
-            QConfigMapping::from_toml(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?
-        }
+    let mut m = match config_file(args)? {
+        Some(m) => m,
         None => default_mapping(backend, method(&args.method)?, !args.per_tensor),
     };
     if m.global.is_none() {
@@ -214,6 +218,35 @@ fn htp_quantizer(args: &QuantizerArgs) -> Result<HtpQuantizer> {
     Ok(q)
 }
 
+/// Checks the `--exclude` entries and the `--config` QConfigMapping entries against `model`, as
+/// fused before annotation: an entry
+/// that applies to no node (a misspelt name, a regular expression written for node names while
+/// it is matched against scopes) does nothing, so it is an error under `strict` and a warning
+/// otherwise.
+pub fn check_mapping(args: &QuantizerArgs, model: &Model, strict: bool) -> Result<()> {
+    // The user's entries only: the backend's defaults are written for every model.
+    let mut m = if args.backend == "htp" { QConfigMapping::default() } else { config_file(args)?.unwrap_or_default() };
+    exclude(&mut m, &args.exclude)?;
+    // Entries apply to the fused graph (a Conv with BatchNormalization folded in writes the
+    // BatchNormalization's output, so a Paddle export's scope is the BatchNormalization's).
+    let mut fused = model.clone();
+    qforge_quant::pipeline::fuse(&mut fused).map_err(|e| anyhow::anyhow!("cannot fuse the model: {e}"))?;
+    let graphs = fused.graph.graphs();
+    let unmatched = m.unmatched(&graphs.iter().map(|(_, g)| *g).collect::<Vec<_>>());
+    if unmatched.is_empty() {
+        return Ok(());
+    }
+    let hint = "a name matches a node's name or scope, a regular expression (any of ^$*+?()[]{}|\\) a scope: encoder.layer.0 for /encoder/layer.0/MatMul, conv2d_12 for a Paddle node writing conv2d_12.tmp_0";
+    if strict {
+        bail!("--strict: {} matching no node of the model: {}; {hint}", if unmatched.len() == 1 { "an entry" } else { "entries" }, unmatched.join(", "));
+    }
+    for u in &unmatched {
+        eprintln!("warning: {u} (--exclude or --config) matches no node of the model and does nothing");
+    }
+    eprintln!("  {hint}");
+    Ok(())
+}
+
 /// The quantizer `--backend` names.
 pub fn quantizer(args: &QuantizerArgs) -> Result<Box<dyn Quantizer>> {
     if args.backend == "htp" {
@@ -234,6 +267,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let mut model = qforge_onnx::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
     qforge_onnx::fold_constant_nodes(&mut model);
     let quantizer = quantizer(&args.quantizer)?;
+    check_mapping(&args.quantizer, &model, args.strict)?;
     let calib = CalibrationSet::open(&args.calibration_data, &model_inputs(&model))?;
     let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding };
     let samples = CalibrationSamples(calib);

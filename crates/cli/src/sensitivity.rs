@@ -9,7 +9,7 @@ use qforge_data::CalibrationSet;
 use qforge_quant::pipeline::{calibrate, QuantizeOptions, SampleSource};
 use qforge_quant::sensitivity::{analyze, Sensitivity};
 
-use crate::quantize::{quantizer, QuantizerArgs};
+use crate::quantize::{check_mapping, quantizer, QuantizerArgs};
 use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples};
 use qforge_quant::pipeline::FirstSamples;
 
@@ -40,6 +40,7 @@ pub fn run(args: SensitivityArgs) -> Result<()> {
     let mut model = qforge_onnx::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
     qforge_onnx::fold_constant_nodes(&mut model);
     let quantizer = quantizer(&args.quantizer)?;
+    check_mapping(&args.quantizer, &model, false)?;
     let inputs = model_inputs(&model);
     let calibration = CalibrationSamples(CalibrationSet::open(&args.calibration_data, &inputs)?);
     let evaluation = match &args.data {

@@ -197,3 +197,31 @@ fn reduce_range_keeps_int8_weights_within_7_bits() {
     let bad = qforge(&[m.path.as_os_str(), "-o".as_ref(), tmp.path().join("h.onnx").as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--backend".as_ref(), "htp".as_ref(), "--reduce-range".as_ref()]);
     assert!(!bad.status.success() && stderr(&bad).contains("--reduce-range is not available with --backend htp"), "{}", stderr(&bad));
 }
+
+/// An `--exclude` entry that applies to no node is said, not silently dropped: a warning naming
+/// it (with how names and regular expressions are matched), an error under `--strict`. An
+/// entry that applies keeps its nodes float, and draws no warning.
+#[test]
+fn exclusions_that_match_no_node_are_named() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_exclude");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 2, |_, _| {});
+    let out = tmp.path().join("q.onnx");
+    let report = tmp.path().join("report.json");
+    // A regular expression written for node names (they are matched against scopes), a
+    // misspelt name, and a scope regex that applies: ocr_cls's first Conv, with its
+    // BatchNormalization folded in, writes batch_norm_0.tmp_2.
+    let o = qforge(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str(),
+        "--exclude".as_ref(), r"^Conv@0$".as_ref(), "--exclude".as_ref(), "Conv@00".as_ref(), "--exclude".as_ref(), r"^batch_norm_0$".as_ref()]);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("warning: scope_regex '^Conv@0$'") && e.contains("warning: name 'Conv@00'"), "{e}");
+    assert!(!e.contains("batch_norm_0$'"), "the matching entry is not warned about: {e}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let kept: Vec<&str> = r["nodes"].as_array().unwrap().iter().filter(|n| n["kind"] == "requested").map(|n| n["name"].as_str().unwrap()).collect();
+    assert!(kept.contains(&"Conv@0") && !kept.iter().any(|n| n.starts_with("Conv@") && *n != "Conv@0"), "nodes the mapping keeps float: {kept:?}");
+    std::fs::remove_file(&out).unwrap();
+    expect_error(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--strict".as_ref(), "--exclude".as_ref(), "Conv@00".as_ref()],
+        &out, &["--strict", "name 'Conv@00'", "matches a node's name or scope"]);
+}

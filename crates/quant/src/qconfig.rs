@@ -253,6 +253,49 @@ impl QConfigMapping {
         Ok(m)
     }
 
+    /// The entries above the global level that apply to no node of `graphs` (a model's main
+    /// graph and its subgraphs), described as `level 'key'`: an op type no node has, a scope
+    /// regex no node's scope matches, a name that is neither a node's name nor a scope, an
+    /// occurrence index beyond the occurrences there are. Such an entry does nothing, which the
+    /// user should hear about.
+    pub fn unmatched(&self, graphs: &[&Graph]) -> Vec<String> {
+        let mut op_type = vec![false; self.op_type.len()];
+        let mut scope_regex = vec![false; self.scope_regex.len()];
+        let mut name = vec![false; self.name.len()];
+        let mut occurrences: HashMap<(&str, &str), usize> = self.op_order.iter().map(|(s, op, _, _)| ((s.as_str(), op.as_str()), 0)).collect();
+        for g in graphs {
+            for (_, node) in g.nodes() {
+                let first_out = node.output(0).map(|v| g.value_name(v)).unwrap_or_default();
+                let scope = node_scope(&node.name, &first_out);
+                for (hit, (op, _)) in op_type.iter_mut().zip(&self.op_type) {
+                    *hit |= *op == node.op_type;
+                }
+                for (hit, (re, _)) in scope_regex.iter_mut().zip(&self.scope_regex) {
+                    *hit |= re.is_match(&scope);
+                }
+                for (hit, (n, _)) in name.iter_mut().zip(&self.name) {
+                    *hit |= in_scope(&node.name, &scope, n);
+                }
+                for ((s, op), seen) in occurrences.iter_mut() {
+                    if *op == node.op_type && (s.is_empty() || in_scope("", &scope, s)) {
+                        *seen += 1;
+                    }
+                }
+            }
+        }
+        let mut out = vec![];
+        out.extend(self.op_type.iter().zip(&op_type).filter(|(_, &hit)| !hit).map(|((op, _), _)| format!("op_type '{op}'")));
+        out.extend(self.scope_regex.iter().zip(&scope_regex).filter(|(_, &hit)| !hit).map(|((re, _), _)| format!("scope_regex '{}'", re.as_str())));
+        out.extend(self.name.iter().zip(&name).filter(|(_, &hit)| !hit).map(|((n, _), _)| format!("name '{n}'")));
+        for (s, op, index, _) in &self.op_order {
+            let seen = occurrences.get(&(s.as_str(), op.as_str())).copied().unwrap_or(0);
+            if *index >= seen {
+                out.push(format!("op_order '{op}' #{index} in scope '{s}' ({seen} such node(s))"));
+            }
+        }
+        out
+    }
+
     /// The QConfig of every node of `g` (`None`: keep float), with the level that decided it.
     pub fn assign(&self, g: &Graph) -> HashMap<NodeId, (Option<QConfig>, &'static str)> {
         let order = g.topo_order().unwrap_or_else(|_| g.nodes().map(|(id, _)| id).collect());
@@ -269,23 +312,35 @@ impl QConfigMapping {
             if let Some((_, c)) = self.scope_regex.iter().find(|(re, _)| re.is_match(&scope)) {
                 q = (c.clone(), "scope_regex");
             }
-            let in_scope = |name: &str| node.name == name || scope == name || scope.starts_with(&format!("{name}."));
-            if let Some((_, c)) = self.name.iter().filter(|(n, _)| in_scope(n)).max_by_key(|(n, _)| n.len()) {
+            if let Some((_, c)) = self.name.iter().filter(|(n, _)| in_scope(&node.name, &scope, n)).max_by_key(|(n, _)| n.len()) {
                 q = (c.clone(), "name");
             }
+            // Each (scope, op type) counts this node once, however many entries it has.
+            let mut counted: Vec<(String, String)> = vec![];
             for (s, op, index, c) in &self.op_order {
-                if *op == node.op_type && (s.is_empty() || scope == *s || scope.starts_with(&format!("{s}."))) {
-                    let k = seen.entry((s.clone(), op.clone())).or_default();
-                    if *k == *index {
+                if *op == node.op_type && (s.is_empty() || in_scope("", &scope, s)) {
+                    let key = (s.clone(), op.clone());
+                    if seen.get(&key).copied().unwrap_or(0) == *index {
                         q = (c.clone(), "op_order");
                     }
-                    *k += 1;
+                    if !counted.contains(&key) {
+                        counted.push(key);
+                    }
                 }
+            }
+            for key in counted {
+                *seen.entry(key).or_default() += 1;
             }
             out.insert(id, q);
         }
         out
     }
+}
+
+/// Whether a `name` entry applies to the node named `node_name` with scope `scope`: it names
+/// the node, its scope, or a scope enclosing it.
+fn in_scope(node_name: &str, scope: &str, name: &str) -> bool {
+    node_name == name || scope == name || scope.starts_with(&format!("{name}."))
 }
 
 #[cfg(test)]
@@ -305,6 +360,39 @@ mod tests {
         }
         g.set_outputs(vec![x]).unwrap();
         (g, ids)
+    }
+
+    #[test]
+    fn several_occurrences_of_one_op_in_one_scope_each_get_their_entry() {
+        let (g, ids) = graph();
+        let float = |i| ("head".to_string(), "Conv".to_string(), i, None);
+        let m = QConfigMapping { global: Some(QConfig::default()), op_order: vec![float(0), float(1)], ..Default::default() };
+        let a = m.assign(&g);
+        for &id in &ids[3..] {
+            assert_eq!(a[&id], (None, "op_order"), "{}", g.node(id).unwrap().name);
+        }
+        assert!(a[&ids[0]].0.is_some());
+    }
+
+    #[test]
+    fn entries_that_apply_to_no_node_are_listed() {
+        let (g, _) = graph();
+        let re = |r: &str| (Regex::new(r).unwrap(), None);
+        let m = QConfigMapping {
+            op_type: vec![("MatMul".into(), None), ("LSTM".into(), None)],
+            // Regular expressions see scopes (`encoder.layer.0.attention`), not node names.
+            scope_regex: vec![re(r"^encoder\.layer\.[01]"), re("MatMul$")],
+            name: vec![("head".into(), None), ("/head/Conv_1".into(), None), ("/head/Conv_2".into(), None), ("encoder.lay".into(), None)],
+            op_order: vec![("head".into(), "Conv".into(), 1, None), ("head".into(), "Conv".into(), 2, None)],
+            ..Default::default()
+        };
+        assert_eq!(m.unmatched(&[&g]), vec![
+            "op_type 'LSTM'".to_string(),
+            "scope_regex 'MatMul$'".to_string(),
+            "name '/head/Conv_2'".to_string(),
+            "name 'encoder.lay'".to_string(),
+            "op_order 'Conv' #2 in scope 'head' (2 such node(s))".to_string(),
+        ]);
     }
 
     #[test]
