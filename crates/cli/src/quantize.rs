@@ -219,14 +219,16 @@ fn htp_quantizer(args: &QuantizerArgs) -> Result<HtpQuantizer> {
 }
 
 /// Checks the `--exclude` entries and the `--config` QConfigMapping entries against `model`, as
-/// fused before annotation: an entry
-/// that applies to no node (a misspelt name, a regular expression written for node names while
-/// it is matched against scopes) does nothing, so it is an error under `strict` and a warning
-/// otherwise.
+/// fused before annotation: an entry that applies to no node (a misspelt name, a regular
+/// expression written for node names while it is matched against scopes) does nothing, so it is
+/// an error under `strict` and a warning otherwise.
 pub fn check_mapping(args: &QuantizerArgs, model: &Model, strict: bool) -> Result<()> {
     // The user's entries only: the backend's defaults are written for every model.
     let mut m = if args.backend == "htp" { QConfigMapping::default() } else { config_file(args)?.unwrap_or_default() };
     exclude(&mut m, &args.exclude)?;
+    if m.op_type.is_empty() && m.scope_regex.is_empty() && m.name.is_empty() && m.op_order.is_empty() {
+        return Ok(());
+    }
     // Entries apply to the fused graph (a Conv with BatchNormalization folded in writes the
     // BatchNormalization's output, so a Paddle export's scope is the BatchNormalization's).
     let mut fused = model.clone();
