@@ -256,14 +256,16 @@ impl QConfigMapping {
     /// The entries above the global level that apply to no node of `graphs` (a model's main
     /// graph and its subgraphs), described as `level 'key'`: an op type no node has, a scope
     /// regex no node's scope matches, a name that is neither a node's name nor a scope, an
-    /// occurrence index beyond the occurrences there are. Such an entry does nothing, which the
-    /// user should hear about.
+    /// occurrence index beyond the occurrences any one graph has. Such an entry does nothing,
+    /// which the user should hear about.
     pub fn unmatched(&self, graphs: &[&Graph]) -> Vec<String> {
         let mut op_type = vec![false; self.op_type.len()];
         let mut scope_regex = vec![false; self.scope_regex.len()];
         let mut name = vec![false; self.name.len()];
+        // Occurrences count per graph, as `assign` counts them: the most any one graph has.
         let mut occurrences: HashMap<(&str, &str), usize> = self.op_order.iter().map(|(s, op, _, _)| ((s.as_str(), op.as_str()), 0)).collect();
         for g in graphs {
+            let mut in_graph: HashMap<(&str, &str), usize> = occurrences.keys().map(|&k| (k, 0)).collect();
             for (_, node) in g.nodes() {
                 let first_out = node.output(0).map(|v| g.value_name(v)).unwrap_or_default();
                 let scope = node_scope(&node.name, &first_out);
@@ -276,11 +278,15 @@ impl QConfigMapping {
                 for (hit, (n, _)) in name.iter_mut().zip(&self.name) {
                     *hit |= in_scope(&node.name, &scope, n);
                 }
-                for ((s, op), seen) in occurrences.iter_mut() {
+                for ((s, op), seen) in in_graph.iter_mut() {
                     if *op == node.op_type && (s.is_empty() || in_scope("", &scope, s)) {
                         *seen += 1;
                     }
                 }
+            }
+            for (k, n) in in_graph {
+                let most = occurrences.entry(k).or_default();
+                *most = (*most).max(n);
             }
         }
         let mut out = vec![];
@@ -393,6 +399,8 @@ mod tests {
             "name 'encoder.lay'".to_string(),
             "op_order 'Conv' #2 in scope 'head' (2 such node(s))".to_string(),
         ]);
+        // Occurrences count per graph: two graphs with two Convs each still have no third.
+        assert!(m.unmatched(&[&g, &g]).contains(&"op_order 'Conv' #2 in scope 'head' (2 such node(s))".to_string()));
     }
 
     #[test]
