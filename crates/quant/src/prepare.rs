@@ -4,8 +4,10 @@
 //! observer insertion, edges are deduplicated to one *point* per (value, type) in each graph;
 //! points tied by shared specs are merged (union-find) into one [`Group`] with one observer and
 //! one set of qparams. The producer's output spec defines the group when it has one (so a
-//! fixed-qparams output wins over its readers' requests). Constant inputs are not observed:
-//! convert quantizes their data directly.
+//! fixed-qparams output wins over its readers' requests). A share never joins a fixed-qparams
+//! point with points of other qparams: a Concat of a Sigmoid's [0, 1] output and a Conv's output
+//! shares one group among its other inputs and its output, and requantizes the Sigmoid's.
+//! Constant inputs are not observed: convert quantizes their data directly.
 //!
 //! Calibration runs the float model with [`qforge_runtime::Hooks`] that stream every watched
 //! value into its groups' observers. A value of a subgraph read from an enclosing graph is
@@ -91,21 +93,11 @@ impl QuantPlan {
         // Points: (graph, value, type) with the spec that defines them and whether it is the producer's.
         let mut ids: BTreeMap<(usize, ValueId, QType), usize> = BTreeMap::new();
         let mut specs: Vec<(Spec, bool)> = vec![];
-        let mut unions: Vec<(usize, usize)> = vec![];
+        // (sharing point, shared point, the edge shared with) per Shared spec.
+        let mut unions: Vec<(usize, usize, (usize, Edge))> = vec![];
+        // Per node with a shared output: the points of its quantized inputs and of those outputs.
+        let mut sharing_nodes: Vec<(Vec<usize>, Vec<usize>)> = vec![];
         for (gi, ((_, g), a)) in all.iter().zip(&annotated).enumerate() {
-            let mut edges: Vec<(Edge, &Spec)> = vec![];
-            for (&n, ann) in &a.nodes {
-                for (i, s) in ann.inputs.iter().enumerate() {
-                    if let Some(s) = s {
-                        edges.push((Edge::Input { node: n, index: i }, s));
-                    }
-                }
-                for (k, s) in ann.outputs.iter().enumerate() {
-                    if let Some(s) = s {
-                        edges.push((Edge::Output { node: n, index: k }, s));
-                    }
-                }
-            }
             let point = |e: Edge, ids: &mut BTreeMap<_, usize>, specs: &mut Vec<(Spec, bool)>| -> Option<usize> {
                 let v = edge_value(g, e)?;
                 if g.value(v).ok()?.is_constant() {
@@ -123,24 +115,30 @@ impl QuantPlan {
                 }
                 Some(id)
             };
-            for (e, s) in edges {
-                let Some(p) = point(e, &mut ids, &mut specs) else { continue };
-                if let Spec::Shared(other) = s {
-                    if let Some(q) = point(*other, &mut ids, &mut specs) {
-                        unions.push((p, q));
+            for (&n, ann) in &a.nodes {
+                let inputs = ann.inputs.iter().enumerate().map(|(i, s)| (Edge::Input { node: n, index: i }, s));
+                let outputs = ann.outputs.iter().enumerate().map(|(k, s)| (Edge::Output { node: n, index: k }, s));
+                let (mut ins, mut shared_outs) = (vec![], vec![]);
+                for (e, s) in inputs.chain(outputs) {
+                    let Some(s) = s else { continue };
+                    let Some(p) = point(e, &mut ids, &mut specs) else { continue };
+                    match e {
+                        Edge::Input { .. } => ins.push(p),
+                        Edge::Output { .. } if matches!(s, Spec::Shared(_)) => shared_outs.push(p),
+                        Edge::Output { .. } => {}
                     }
+                    if let Spec::Shared(other) = s {
+                        if let Some(q) = point(*other, &mut ids, &mut specs) {
+                            unions.push((p, q, (gi, *other)));
+                        }
+                    }
+                }
+                if !shared_outs.is_empty() {
+                    sharing_nodes.push((ins, shared_outs));
                 }
             }
         }
-        let mut parent: Vec<usize> = (0..specs.len()).collect();
-        for (a, b) in unions {
-            let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
-            if ra != rb {
-                // The root keeps a producer-defined spec when either side has one.
-                let (keep, drop) = if specs[rb].1 && !specs[ra].1 { (rb, ra) } else { (ra, rb) };
-                parent[drop] = keep;
-            }
-        }
+        let mut parent = share(&specs, &unions, &sharing_nodes);
         let mut group_of_root: BTreeMap<usize, usize> = BTreeMap::new();
         let mut groups: Vec<Group> = vec![];
         let mut plans: Vec<GraphPlan> = all.iter().zip(annotated).map(|((path, _), a)| GraphPlan { path: path.clone(), annotations: a, points: BTreeMap::new() }).collect();
@@ -205,6 +203,51 @@ impl QuantPlan {
     fn graph_index(&self, path: &[(NodeId, &str)]) -> Option<usize> {
         self.graphs.iter().position(|g| g.path.len() == path.len() && g.path.iter().zip(path).all(|(a, b)| a.0 == b.0 && a.1 == b.1))
     }
+}
+
+/// Union-find parents of the points after sharing. Each share `(a, b, target)` joins point
+/// `a` to point `b`, unless that would put values of other ranges under fixed qparams:
+/// * a point has fixed qparams when its spec is fixed, or when it is the shared output of a node
+///   whose quantized inputs all have the same fixed qparams (a Reshape of a Sigmoid's output);
+/// * a point without fixed qparams that shares with a fixed one joins, instead, the first other
+///   point that shared with the same edge (a Concat's output and its other inputs form one group
+///   when one input is a Sigmoid's output, which the Concat then requantizes);
+/// * a fixed point that shares with a point of other qparams keeps its own.
+fn share(specs: &[(Spec, bool)], unions: &[(usize, usize, (usize, Edge))], sharing_nodes: &[(Vec<usize>, Vec<usize>)]) -> Vec<usize> {
+    let mut fixed: Vec<Option<FixedQParams>> = specs.iter().map(|(s, _)| if let Spec::Fixed(f) = s { Some(f.clone()) } else { None }).collect();
+    loop {
+        let mut changed = false;
+        for (ins, outs) in sharing_nodes {
+            let Some(first) = ins.first().and_then(|&p| fixed[p].clone()) else { continue };
+            if ins.iter().all(|&p| fixed[p].as_ref() == Some(&first)) {
+                for &o in outs {
+                    if fixed[o].is_none() {
+                        fixed[o] = Some(first.clone());
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut parent: Vec<usize> = (0..specs.len()).collect();
+    let mut instead: HashMap<(usize, Edge), usize> = HashMap::new();
+    for &(a, b, target) in unions {
+        let b = match (&fixed[a], &fixed[b]) {
+            (fa, fb) if fa == fb => b,
+            (None, Some(_)) => *instead.entry(target).or_insert(a),
+            _ => continue,
+        };
+        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+        if ra != rb {
+            // The root keeps a producer-defined spec when either side has one.
+            let (keep, drop) = if specs[rb].1 && !specs[ra].1 { (rb, ra) } else { (ra, rb) };
+            parent[drop] = keep;
+        }
+    }
+    parent
 }
 
 /// Whether `v` is read only by a clamping op (Relu, Clip) whose output is in the same group

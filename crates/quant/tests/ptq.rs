@@ -156,6 +156,43 @@ fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     assert_eq!(q.graph.value_name(q.graph.outputs()[0]), "erf_out");
 }
 
+/// A Concat of a Sigmoid's output and a Conv's output cannot share the Sigmoid's fixed [0, 1]
+/// qparams: the Conv's values would be clamped. Its other input and its output share one group
+/// over the observed range, and the Sigmoid's output keeps its fixed qparams, while a Reshape
+/// of a Sigmoid's output (values still in [0, 1]) shares them.
+#[test]
+fn concat_of_a_fixed_qparams_output_and_a_wider_one_keeps_the_wider_range() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let w1 = weight(&mut g, "w1", &[4, 4, 1, 1], 6);
+    let w2 = g.add_initializer("w2", Tensor::from_vec(&[4, 4, 1, 1], noise(7, 16, -4.0, 4.0)).unwrap()).unwrap();
+    let a = op(&mut g, "Conv", "conv_a", &[x, w1]);
+    let sig = op(&mut g, "Sigmoid", "sig", &[a]);
+    let shape = g.add_initializer("shape", Tensor::from_vec(&[4], vec![1i64, 4, 6, 6]).unwrap()).unwrap();
+    let flat = op(&mut g, "Reshape", "flat", &[sig, shape]);
+    let b = op(&mut g, "Conv", "conv_b", &[x, w2]);
+    let cat_out = g.new_value("cat_out", None).unwrap();
+    g.add_node(Node::new("Concat", "cat").with_inputs([flat, b]).with_outputs([cat_out]).with_attr("axis", Attr::Int(1))).unwrap();
+    let w3 = weight(&mut g, "w3", &[4, 8, 1, 1], 8);
+    let c = op(&mut g, "Conv", "conv_c", &[cat_out, w3]);
+    g.set_outputs(vec![c]).unwrap();
+    let (q, report) = run(&model(g, 13), "x86", &[("x", &[1, 4, 6, 6])]);
+    q.graph.check().unwrap();
+    let rec = |v: &str| report.activations.iter().find(|r| r.value == v).unwrap_or_else(|| panic!("{v} not quantized"));
+    for fixed in ["sig_out", "flat_out"] {
+        assert!(rec(fixed).fixed && (rec(fixed).scale, rec(fixed).zero_point) == (1.0 / 256.0, 0), "{fixed}: {:?}", rec(fixed));
+    }
+    assert_eq!(rec("sig_out").group, rec("flat_out").group, "a Reshape of a [0, 1] output shares its fixed qparams");
+    assert_eq!(rec("conv_b_out").group, rec("cat_out").group, "the Concat's other input shares with its output");
+    assert_ne!(rec("conv_b_out").group, rec("sig_out").group);
+    let cat = rec("cat_out");
+    assert!(!cat.fixed);
+    let (lo, hi) = cat.observed.unwrap();
+    assert!(lo < -1.0 && hi > 1.0, "conv_b spans more than [0, 1]: {lo} {hi}");
+    let want = QScheme::new(QType::U8, false, Convention::PyTorch).qparams(lo, hi);
+    assert_eq!((cat.scale, cat.zero_point), (want.scale, want.zero_point), "the Concat's qparams cover its observed range");
+}
+
 /// The xnnpack target (PyTorch's XNNPACK quantizer constraints): int8 asymmetric activations,
 /// int8 symmetric weights on the narrow range [-127, 127], every scale at least 2^-12, and
 /// ONNX Runtime runs the result with qforge's outputs within one activation step.
