@@ -6,12 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use qforge_data::CalibrationSet;
 use qforge_ir::Model;
 use qforge_quant::compare::{compare, Comparison, TensorComparison};
 use qforge_quant::pipeline::SampleSource;
 
-use crate::samples::{model_inputs, progress, CalibrationSamples};
+use crate::samples::{model_inputs, open_samples, progress};
 use qforge_quant::pipeline::FirstSamples;
 
 /// What `qforge compare` was asked to do.
@@ -37,7 +36,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
     }
     let float = load(&args.float)?;
     let quant = load(&args.quantized)?;
-    let samples = CalibrationSamples(CalibrationSet::open(&args.data, &model_inputs(&float))?);
+    let samples = open_samples(&args.data, &model_inputs(&float))?;
     let len = args.limit.map_or(samples.len(), |n| n.min(samples.len()));
     let started = Instant::now();
     let comparison = compare(&float, &quant, &FirstSamples { source: &samples, len }, args.threads, &mut progress("comparing", args.json))

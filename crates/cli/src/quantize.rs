@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use qforge_data::CalibrationSet;
 use qforge_ir::Model;
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::html::{self, Subject};
@@ -15,7 +14,7 @@ use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
 use qforge_quant::quantizer::{default_mapping, default_qconfig, ConfigQuantizer, Quantizer};
 use qforge_quant::weight_rounding::WeightRounding;
 
-use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples};
+use crate::samples::{model_inputs, open_samples, progress, unit_progress, CalibrationSamples};
 
 /// What `qforge quantize` was asked to do.
 pub struct QuantizeArgs {
@@ -270,9 +269,8 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     qforge_onnx::fold_constant_nodes(&mut model);
     let quantizer = quantizer(&args.quantizer)?;
     check_mapping(&args.quantizer, &model, args.strict)?;
-    let calib = CalibrationSet::open(&args.calibration_data, &model_inputs(&model))?;
+    let samples = open_samples(&args.calibration_data, &model_inputs(&model))?;
     let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding };
-    let samples = CalibrationSamples(calib);
     let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {
             let mut analysis = unit_progress(args.json);

@@ -24,6 +24,15 @@ impl SampleSource for CalibrationSamples {
     }
 }
 
+/// Opens a calibration set for `inputs` and prints its loader's notes on stderr.
+pub fn open_samples(path: &std::path::Path, inputs: &[ModelInput]) -> anyhow::Result<CalibrationSamples> {
+    let set = CalibrationSet::open(path, inputs)?;
+    for note in set.notes() {
+        eprintln!("note: {note}");
+    }
+    Ok(CalibrationSamples(set))
+}
+
 /// The model's inputs as the calibration loader checks them.
 pub fn model_inputs(m: &Model) -> Vec<ModelInput> {
     let g = &m.graph;

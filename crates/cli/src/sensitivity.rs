@@ -5,12 +5,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use qforge_data::CalibrationSet;
 use qforge_quant::pipeline::{calibrate, QuantizeOptions, SampleSource};
 use qforge_quant::sensitivity::{analyze, Sensitivity};
 
 use crate::quantize::{check_mapping, quantizer, QuantizerArgs};
-use crate::samples::{model_inputs, progress, unit_progress, CalibrationSamples};
+use crate::samples::{model_inputs, open_samples, progress, unit_progress};
 use qforge_quant::pipeline::FirstSamples;
 
 /// What `qforge sensitivity` was asked to do.
@@ -42,10 +41,10 @@ pub fn run(args: SensitivityArgs) -> Result<()> {
     let quantizer = quantizer(&args.quantizer)?;
     check_mapping(&args.quantizer, &model, false)?;
     let inputs = model_inputs(&model);
-    let calibration = CalibrationSamples(CalibrationSet::open(&args.calibration_data, &inputs)?);
+    let calibration = open_samples(&args.calibration_data, &inputs)?;
     let evaluation = match &args.data {
-        Some(path) => CalibrationSamples(CalibrationSet::open(path, &inputs)?),
-        None => CalibrationSamples(CalibrationSet::open(&args.calibration_data, &inputs)?),
+        Some(path) => open_samples(path, &inputs)?,
+        None => open_samples(&args.calibration_data, &inputs)?,
     };
     let first = match args.limit {
         Some(n) => FirstSamples { source: &evaluation, len: n.min(evaluation.len()) },

@@ -3,7 +3,9 @@
 //! Three layouts are recognised under one path:
 //! - a directory of sample folders, `PATH/<sample>/<input>.npy`, with an optional
 //!   `PATH/manifest.json` (format `qeval-calib-v1`) giving the sample order and file names;
-//! - one `.npz` file of arrays stacked along a leading sample axis `[N, ...]`;
+//! - one `.npz` file of arrays stacked along a leading sample axis `[N, ...]` (an array with
+//!   the model's rank whose first declared dimension is dynamic or 1 is split along that batch
+//!   axis instead: each sample keeps a batch of 1);
 //! - a directory of `.npz` files, one sample each, sorted by file name.
 
 use std::fs;
@@ -41,7 +43,8 @@ pub struct CalibrationSet {
 #[derive(Debug)]
 enum Layout {
     Folders(Vec<Vec<Entry>>),
-    Stacked(Vec<(usize, Tensor)>),
+    /// (input, stacked array, whether axis 0 is the model's batch axis).
+    Stacked(Vec<(usize, Tensor, bool)>),
     NpzFiles(Vec<PathBuf>),
 }
 
@@ -283,7 +286,10 @@ impl CalibrationSet {
         }
         let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
         let names = (0..n).map(|i| format!("index {i} of {file}")).collect();
-        let arrays = at.into_iter().zip(arrays).map(|(i, (_, t))| (i, t)).collect();
+        let arrays = at.into_iter().zip(arrays).map(|(i, (_, t))| {
+            let batch_axis = inputs[i].dims.as_ref().is_some_and(|d| d.len() == t.rank() && matches!(d[0], None | Some(1)));
+            (i, t, batch_axis)
+        }).collect();
         Ok((names, Layout::Stacked(arrays)))
     }
 
@@ -405,6 +411,17 @@ impl CalibrationSet {
         &self.names[i]
     }
 
+    /// What the loader reads differently from the layout's plain rule, one line each: stacked
+    /// arrays split along the model's batch axis.
+    pub fn notes(&self) -> Vec<String> {
+        let Layout::Stacked(arrays) = &self.layout else { return vec![] };
+        arrays.iter().filter(|(_, _, b)| *b).map(|(i, t, _)| {
+            let one = [&[1], &t.shape()[1..]].concat();
+            format!("input '{}': the stacked array {:?} has the model's rank, so its axis 0 is read as the batch axis: \
+                {} samples of shape {one:?}", self.inputs[*i].name, t.shape(), t.shape()[0])
+        }).collect()
+    }
+
     /// The detected layout: `"sample folders"`, `"stacked npz"` or `"npz per sample"`.
     pub fn layout(&self) -> &'static str {
         match self.layout {
@@ -440,8 +457,9 @@ impl CalibrationSet {
                 }
                 Ok((e.input, t, e.path.clone()))
             }).collect::<DataResult<_>>()?,
-            Layout::Stacked(arrays) => arrays.iter().map(|(input, t)| {
-                let shape = &t.shape()[1..];
+            Layout::Stacked(arrays) => arrays.iter().map(|(input, t, batch_axis)| {
+                let shape = if *batch_axis { [&[1], &t.shape()[1..]].concat() } else { t.shape()[1..].to_vec() };
+                let shape = shape.as_slice();
                 let bytes = t.raw_bytes().unwrap_or_default();
                 let per = bytes.len() / t.shape()[0];
                 let t = Tensor::from_raw(t.dtype(), shape, &bytes[i * per..(i + 1) * per])

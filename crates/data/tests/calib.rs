@@ -141,6 +141,31 @@ fn stacked_npz_splits_axis_zero() {
     assert_eq!(set.load(1).unwrap(), named(&[("input:0", want), ("sr", sr(16000))]));
 }
 
+/// `[N, C, H, W]` for a model input `[batch, C, H, W]`: the array has the model's rank, so its
+/// axis 0 is the batch axis and every sample keeps a batch of one; the loader says so.
+#[test]
+fn stacked_npz_with_the_models_rank_splits_its_batch_axis() {
+    let root = tmp("stacked-batch");
+    let p = root.join("calib.npz");
+    let xs = Tensor::from_vec(&[3, 2, 2], (0..12).map(|v| v as f32).collect()).unwrap();
+    let rates = Tensor::from_vec(&[3], vec![8000i64, 16000, 22050]).unwrap();
+    write_npz(&p, &named(&[("sr", rates), ("input:0", xs)])).unwrap();
+    let set = CalibrationSet::open(&p, &inputs()).unwrap();
+    assert_eq!(set.len(), 3);
+    let want = Tensor::from_vec(&[1, 2, 2], vec![8f32, 9., 10., 11.]).unwrap();
+    assert_eq!(set.load(2).unwrap(), named(&[("input:0", want), ("sr", sr(22050))]));
+    let notes = set.notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_has(&notes[0], &["input 'input:0'", "[3, 2, 2]", "batch axis", "[1, 2, 2]"]);
+    // A fixed first dimension other than 1 is not a batch axis: the rank mismatch is an error.
+    let fixed = vec![ModelInput { name: "input:0".into(), dtype: Some(DType::F32), dims: Some(vec![Some(2), Some(2), None]), required: true }];
+    let p2 = root.join("fixed.npz");
+    write_npz(&p2, &named(&[("input:0", Tensor::from_vec(&[3, 2, 2], vec![0f32; 12]).unwrap())])).unwrap();
+    let set = CalibrationSet::open(&p2, &fixed).unwrap();
+    assert!(set.notes().is_empty());
+    assert_has(&err(set.load(0)), &["index 0 of fixed.npz", "shape mismatch", "[2, 2]"]);
+}
+
 #[test]
 fn npz_per_sample_sorted_by_file_name_with_ragged_shapes() {
     let root = tmp("npz-files");
