@@ -69,7 +69,8 @@ pub fn progress(activity: &'static str, quiet: bool) -> impl FnMut(usize, usize)
 
 /// A progress callback for sensitivity trials, `(sample, samples, unit, units)`: prints
 /// `"sensitivity: sample s/S, group k/n"` on stderr, on one rewritten line when stderr is a
-/// terminal, else every 10% of a sample's units; nothing when `quiet`.
+/// terminal, else at every tenth of all trials (ten lines whatever the number of samples);
+/// nothing when `quiet`.
 pub fn unit_progress(quiet: bool) -> impl FnMut(usize, usize, usize, usize) {
     let terminal = std::io::stderr().is_terminal();
     move |sample: usize, samples: usize, unit: usize, units: usize| {
@@ -81,7 +82,10 @@ pub fn unit_progress(quiet: bool) -> impl FnMut(usize, usize, usize, usize) {
             if unit == units && sample == samples {
                 eprintln!();
             }
-        } else if unit == units || (unit * 10 / units) > ((unit - 1) * 10 / units) {
+            return;
+        }
+        let (done, total) = ((sample.max(1) - 1) * units + unit, samples * units);
+        if total > 0 && done * 10 / total > (done - 1) * 10 / total {
             eprintln!("sensitivity: sample {sample}/{samples}, group {unit}/{units}");
         }
     }
