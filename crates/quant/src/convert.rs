@@ -186,6 +186,10 @@ pub struct ConvertLog {
     pub gptq_rounded: Vec<(String, String, f64, f64)>,
     /// Weighted nodes GPTQ left at nearest rounding: (node, op, reason).
     pub gptq_skipped: Vec<(String, String, String)>,
+    /// Inputs of multi-input nodes whose output shares their qparams (Concat) that span fewer
+    /// than [`FEW_LEVELS`] levels of the output's qparams: (node, op, input value, levels, the
+    /// input's observed range, the output's representable range).
+    pub narrow_inputs: Vec<(String, String, String, u64, (f32, f32), (f32, f32))>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -298,6 +302,39 @@ impl Emitter<'_> {
     }
 }
 
+/// An input of a node whose output shares its qparams spanning fewer levels than this of the
+/// output's qparams is reported: it keeps under four bits of resolution there.
+pub const FEW_LEVELS: u64 = 16;
+
+/// The inputs of multi-input nodes whose output shares their qparams (Concat) whose own observed
+/// range spans fewer than [`FEW_LEVELS`] levels of the output's qparams (a Concat of class
+/// scores in [0, 1] and box coordinates in pixels).
+fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, act_params: &BTreeMap<(ValueId, QType), QParams>) -> Vec<(String, String, String, u64, (f32, f32), (f32, f32))> {
+    let a = &plan.graphs[gi].annotations;
+    let mut out = vec![];
+    for (&n, ann) in &a.nodes {
+        let Ok(node) = g.node(n) else { continue };
+        let Some(ov) = node.output(0).filter(|_| matches!(ann.output(0), Some(Spec::Shared(_)))) else { continue };
+        let Some(qt) = resolve(a, Edge::Output { node: n, index: 0 }, 0).and_then(qtype_of) else { continue };
+        let Some(p) = act_params.get(&(ov, qt)) else { continue };
+        let inputs: Vec<ValueId> = ann.inputs.iter().enumerate().filter(|(_, s)| s.is_some()).filter_map(|(i, _)| node.input(i))
+            .filter(|&v| !g.value(v).is_ok_and(|x| x.is_constant())).collect();
+        if inputs.len() < 2 {
+            continue;
+        }
+        let (qmin, qmax) = qt.range();
+        let representable = (p.scale * (qmin - p.zero_point) as f32, p.scale * (qmax - p.zero_point) as f32);
+        for v in inputs {
+            let Some((lo, hi)) = plan.value_extremes(gi, v).filter(|(lo, hi)| hi > lo) else { continue };
+            let levels = (((hi - lo) / p.scale).floor().max(0.0) as u64).saturating_add(1);
+            if levels < FEW_LEVELS {
+                out.push((node.name.clone(), node.op_type.clone(), g.value_name(v).to_string(), levels, (lo, hi), representable));
+            }
+        }
+    }
+    out
+}
+
 /// The float data of a constant value.
 fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
     let t = g.value(v).ok()?.initializer()?;
@@ -356,6 +393,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         }
         em.log.activations.push((name, gid, p));
     }
+    em.log.narrow_inputs = narrow_inputs(em.g, plan, gi, &act_params);
     // Constants: weights first (bias scales depend on them), then biases.
     let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
     let mut biases: Vec<(NodeId, usize, Vec<Edge>)> = vec![];

@@ -13,7 +13,7 @@
 //! value into its groups' observers. A value of a subgraph read from an enclosing graph is
 //! watched where it is defined.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use qforge_ir::{Graph, GraphPath, NodeId, Tensor, ValueId, ValueKind};
 use qforge_runtime::{Hooks, ValueEvent};
@@ -51,6 +51,11 @@ pub struct QuantPlan {
     pub groups: Vec<Group>,
     /// `(graph index, value)` where a value is produced, to the groups observing it.
     watch: HashMap<(usize, ValueId), Vec<usize>>,
+    /// The inputs of nodes whose output shares their qparams, to where each is produced: values
+    /// whose own extremes calibration keeps (see [`QuantPlan::value_extremes`]).
+    shared_inputs: HashMap<(usize, ValueId), (usize, ValueId)>,
+    tracked: HashSet<(usize, ValueId)>,
+    value_extremes: HashMap<(usize, ValueId), (f32, f32)>,
 }
 
 fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -174,7 +179,24 @@ impl QuantPlan {
                 }
             }
         }
-        QuantPlan { graphs: plans, groups, watch }
+        // Inputs of nodes whose output shares their qparams: their own extremes are kept.
+        let mut shared_inputs = HashMap::new();
+        for (gi, plan) in plans.iter().enumerate() {
+            let g = all[gi].1;
+            for (&n, ann) in &plan.annotations.nodes {
+                if !ann.outputs.iter().any(|s| matches!(s, Some(Spec::Shared(_)))) {
+                    continue;
+                }
+                for (i, s) in ann.inputs.iter().enumerate() {
+                    let Some(v) = s.as_ref().and_then(|_| edge_value(g, Edge::Input { node: n, index: i })) else { continue };
+                    if let Some(at) = defining_value(&all, gi, v).filter(|_| !g.value(v).is_ok_and(|x| x.is_constant())) {
+                        shared_inputs.insert((gi, v), at);
+                    }
+                }
+            }
+        }
+        let tracked = shared_inputs.values().copied().collect();
+        QuantPlan { graphs: plans, groups, watch, shared_inputs, tracked, value_extremes: HashMap::new() }
     }
 
     /// Hooks that stream watched values into the observers.
@@ -196,7 +218,18 @@ impl QuantPlan {
                 mine.unusable.clone_from(&theirs.unusable);
             }
         }
+        for (&at, &(lo, hi)) in &other.value_extremes {
+            let e = self.value_extremes.entry(at).or_insert((lo, hi));
+            *e = (e.0.min(lo), e.1.max(hi));
+        }
         Ok(())
+    }
+
+    /// The observed extremes of value `v` of graph `gi` on its own, for an input of a node
+    /// whose output shares its qparams (`None` for other values, or when no finite value
+    /// reached it).
+    pub fn value_extremes(&self, gi: usize, v: ValueId) -> Option<(f32, f32)> {
+        self.value_extremes.get(self.shared_inputs.get(&(gi, v))?).copied()
     }
 
     /// The graph index of a hook event's path.
@@ -281,6 +314,12 @@ pub struct Calibrator<'a> {
 impl Hooks for Calibrator<'_> {
     fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
         let gi = self.plan.graph_index(event.path)?;
+        if self.plan.tracked.contains(&(gi, event.value)) {
+            if let Some((lo, hi, _)) = value.as_slice::<f32>().ok().map(crate::observer::finite_extremes).filter(|(lo, hi, _)| lo <= hi) {
+                let e = self.plan.value_extremes.entry((gi, event.value)).or_insert((lo, hi));
+                *e = (e.0.min(lo), e.1.max(hi));
+            }
+        }
         let groups = self.plan.watch.get(&(gi, event.value))?;
         for &gid in groups {
             let g = &mut self.plan.groups[gid];

@@ -126,12 +126,38 @@ pub struct Report {
     pub gptq_skipped: Vec<(String, String, String, String)>,
     /// Annotated nodes that break the target's rules.
     pub violations: Vec<ViolationRecord>,
+    /// Inputs of Concat-like nodes (output sharing its inputs' qparams) that keep fewer than
+    /// [`crate::convert::FEW_LEVELS`] levels of the output's qparams.
+    pub narrow_inputs: Vec<NarrowInputRecord>,
     /// What an accuracy budget returned to float, decision by decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
+}
+
+/// An input of a node whose output shares its qparams, narrow against the output's range.
+#[derive(Debug, Clone, Serialize)]
+pub struct NarrowInputRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    pub value: String,
+    /// Integer levels of the output's qparams the input's observed range spans.
+    pub levels: u64,
+    /// The input's observed extremes.
+    pub observed: (f32, f32),
+    /// What the output's qparams represent.
+    pub output_range: (f32, f32),
+}
+
+impl std::fmt::Display for NarrowInputRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} '{}' ({}) quantizes its input '{}' over the output's [{:.4}, {:.4}]: the input's range [{:.4}, {:.4}] gets {} level(s); \
+            a wider type (16 bits) for that node or keeping it in float keeps the input's resolution",
+            self.op, self.node, self.graph, self.value, self.output_range.0, self.output_range.1, self.observed.0, self.observed.1, self.levels)
+    }
 }
 
 /// The scales the weight range search chose for one weight.
@@ -262,6 +288,15 @@ impl Report {
             scales: *scales,
         }));
         self.bias_adjusted.extend(log.bias_adjusted.iter().cloned());
+        self.narrow_inputs.extend(log.narrow_inputs.iter().map(|(node, op, value, levels, observed, output_range)| NarrowInputRecord {
+            graph: graph.to_string(),
+            node: node.clone(),
+            op: op.clone(),
+            value: value.clone(),
+            levels: *levels,
+            observed: *observed,
+            output_range: *output_range,
+        }));
         self.weight_ranges.extend(log.weight_searched.iter().filter(|(_, f)| f.iter().any(|&x| x < 1.0)).map(|(value, factors)| WeightRangeRecord {
             graph: graph.to_string(),
             value: value.clone(),
@@ -330,6 +365,9 @@ impl Report {
             for ((op, reason), count) in why {
                 let _ = writeln!(s, "  {count:>4} x {op}: {reason}");
             }
+        }
+        for r in &self.narrow_inputs {
+            let _ = writeln!(s, "warning: {r}");
         }
         let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
         if nonfinite > 0 {

@@ -193,6 +193,34 @@ fn concat_of_a_fixed_qparams_output_and_a_wider_one_keeps_the_wider_range() {
     assert_eq!((cat.scale, cat.zero_point), (want.scale, want.zero_point), "the Concat's qparams cover its observed range");
 }
 
+/// A Concat of two tensors whose ranges differ ~1000x quantizes the narrow one to a few levels
+/// of the shared qparams; the report names that input, with its range and level count, and
+/// not the wide one.
+#[test]
+fn concat_inputs_left_with_few_levels_are_reported() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let w1 = weight(&mut g, "w1", &[4, 4, 1, 1], 9);
+    let w2 = g.add_initializer("w2", Tensor::from_vec(&[4, 4, 1, 1], noise(10, 16, -500.0, 500.0)).unwrap()).unwrap();
+    let a = op(&mut g, "Conv", "conv_a", &[x, w1]);
+    let b = op(&mut g, "Conv", "conv_b", &[x, w2]);
+    let cat_out = g.new_value("cat_out", None).unwrap();
+    g.add_node(Node::new("Concat", "cat").with_inputs([a, b]).with_outputs([cat_out]).with_attr("axis", Attr::Int(1))).unwrap();
+    let w3 = weight(&mut g, "w3", &[4, 8, 1, 1], 11);
+    let c = op(&mut g, "Conv", "conv_c", &[cat_out, w3]);
+    g.set_outputs(vec![c]).unwrap();
+    let (_, report) = run(&model(g, 13), "x86", &[("x", &[1, 4, 6, 6])]);
+    assert_eq!(report.narrow_inputs.len(), 1, "{:?}", report.narrow_inputs);
+    let r = &report.narrow_inputs[0];
+    assert_eq!((r.node.as_str(), r.op.as_str(), r.value.as_str()), ("cat", "Concat", "conv_a_out"));
+    let cat = report.activations.iter().find(|a| a.value == "cat_out").unwrap();
+    let (lo, hi) = r.observed;
+    assert!(lo < hi && r.output_range == cat.clip_range, "{r:?} {cat:?}");
+    assert_eq!(r.levels, ((hi - lo) / cat.scale).floor() as u64 + 1);
+    assert!(r.levels < 16);
+    assert!(report.summary().contains("Concat 'cat' (g) quantizes its input 'conv_a_out'"), "{}", report.summary());
+}
+
 /// The xnnpack target (PyTorch's XNNPACK quantizer constraints): int8 asymmetric activations,
 /// int8 symmetric weights on the narrow range [-127, 127], every scale at least 2^-12, and
 /// ONNX Runtime runs the result with qforge's outputs within one activation step.
