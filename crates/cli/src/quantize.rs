@@ -302,6 +302,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "float": report.nodes.iter().filter(|n| !n.quantized).map(|n| serde_json::json!({"graph": n.graph, "node": n.name, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
             "violations": report.violations,
             "narrow_inputs": report.narrow_inputs,
+            "narrow_weight_channels": report.narrow_weight_channels,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
                 "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,

@@ -190,6 +190,10 @@ pub struct ConvertLog {
     /// than [`FEW_LEVELS`] levels of the output's qparams: (node, op, input value, levels, the
     /// input's observed range, the output's representable range).
     pub narrow_inputs: Vec<(String, String, String, u64, (f32, f32), (f32, f32))>,
+    /// Weights with one scale for the whole tensor whose output channels span fewer than
+    /// [`FEW_WEIGHT_LEVELS`] levels of it: (node, op, weight, such channels, channels, the
+    /// fewest levels a channel spans).
+    pub narrow_weight_channels: Vec<(String, String, String, usize, usize, u64)>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -335,6 +339,32 @@ fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, act_params: &BTreeMap<(
     out
 }
 
+/// A weight output channel spanning fewer levels than this of a per-tensor scale keeps under
+/// three bits of resolution.
+pub const FEW_WEIGHT_LEVELS: u64 = 8;
+
+/// For a weight quantized with one scale for the whole tensor, how many of its output channels
+/// (the axis per-channel quantization would use) span fewer than [`FEW_WEIGHT_LEVELS`] levels,
+/// out of how many, and the fewest levels any channel spans; `None` when none does or the
+/// weight is not per tensor.
+fn narrow_channels(g: &Graph, n: NodeId, data: &[f32], shape: &[usize], spec: &QuantizationSpec, c: &QuantizedConst) -> Option<(usize, usize, u64)> {
+    if spec.granularity != Granularity::PerTensor || c.params.len() != 1 {
+        return None;
+    }
+    let (Some(axis), _) = crate::quantizer::weight_axes(g.node(n).ok()?, shape.len()) else { return None };
+    let layout = AxisLayout::new(shape, Some(axis))?;
+    let mut extremes = vec![(f32::INFINITY, f32::NEG_INFINITY); layout.channels];
+    layout.for_each_run(data, |ch, run| {
+        let (lo, hi, _) = crate::observer::finite_extremes(run);
+        extremes[ch] = (extremes[ch].0.min(lo), extremes[ch].1.max(hi));
+    });
+    let scale = c.params[0].scale;
+    // All-zero channels are exact at any scale.
+    let levels: Vec<u64> = extremes.iter().filter(|&&(lo, hi)| hi > 0.0 || lo < 0.0).map(|&(lo, hi)| ((hi.max(0.0) - lo.min(0.0)) / scale).floor() as u64 + 1).collect();
+    let narrow = levels.iter().filter(|&&l| l < FEW_WEIGHT_LEVELS).count();
+    (narrow > 0).then(|| (narrow, extremes.len(), levels.iter().copied().min().unwrap_or(1)))
+}
+
 /// The float data of a constant value.
 fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
     let t = g.value(v).ok()?.initializer()?;
@@ -411,6 +441,9 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                     let mut c = quantize_const(&data, &shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
                     if i == 1 {
                         round_weight(g, gi, n, stats, &data, &mut c, spec, &mut em.log)?;
+                        if let Some(narrow) = narrow_channels(g, n, &data, &shape, spec, &c) {
+                            em.log.narrow_weight_channels.push((g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.op_type.clone()).unwrap_or_default(), g.value_name(v).to_string(), narrow.0, narrow.1, narrow.2));
+                        }
                     }
                     weights.insert((n, i), c);
                 }

@@ -129,6 +129,9 @@ pub struct Report {
     /// Inputs of Concat-like nodes (output sharing its inputs' qparams) that keep fewer than
     /// [`crate::convert::FEW_LEVELS`] levels of the output's qparams.
     pub narrow_inputs: Vec<NarrowInputRecord>,
+    /// Weights with one scale per tensor whose output channels keep fewer than
+    /// [`crate::convert::FEW_WEIGHT_LEVELS`] levels of it.
+    pub narrow_weight_channels: Vec<NarrowWeightRecord>,
     /// What an accuracy budget returned to float, decision by decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
@@ -157,6 +160,28 @@ impl std::fmt::Display for NarrowInputRecord {
         write!(f, "{} '{}' ({}) quantizes its input '{}' over the output's [{:.4}, {:.4}]: the input's range [{:.4}, {:.4}] gets {} level(s); \
             a wider type (16 bits) for that node or keeping it in float keeps the input's resolution",
             self.op, self.node, self.graph, self.value, self.output_range.0, self.output_range.1, self.observed.0, self.observed.1, self.levels)
+    }
+}
+
+/// A per-tensor weight some of whose output channels span few levels of its one scale.
+#[derive(Debug, Clone, Serialize)]
+pub struct NarrowWeightRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    pub weight: String,
+    /// Output channels spanning fewer than [`crate::convert::FEW_WEIGHT_LEVELS`] levels.
+    pub narrow_channels: usize,
+    pub channels: usize,
+    /// The fewest levels any output channel spans.
+    pub fewest_levels: u64,
+}
+
+impl std::fmt::Display for NarrowWeightRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "weight '{}' of {} '{}' ({}) has one scale for the whole tensor: {} of its {} output channels span fewer than {} levels of it (the fewest {}); \
+            per-channel weights (the default, unless --per-tensor or the backend asks otherwise) give each channel its own scale",
+            self.weight, self.op, self.node, self.graph, self.narrow_channels, self.channels, crate::convert::FEW_WEIGHT_LEVELS, self.fewest_levels)
     }
 }
 
@@ -288,6 +313,15 @@ impl Report {
             scales: *scales,
         }));
         self.bias_adjusted.extend(log.bias_adjusted.iter().cloned());
+        self.narrow_weight_channels.extend(log.narrow_weight_channels.iter().map(|(node, op, weight, narrow, channels, fewest)| NarrowWeightRecord {
+            graph: graph.to_string(),
+            node: node.clone(),
+            op: op.clone(),
+            weight: weight.clone(),
+            narrow_channels: *narrow,
+            channels: *channels,
+            fewest_levels: *fewest,
+        }));
         self.narrow_inputs.extend(log.narrow_inputs.iter().map(|(node, op, value, levels, observed, output_range)| NarrowInputRecord {
             graph: graph.to_string(),
             node: node.clone(),
@@ -368,6 +402,15 @@ impl Report {
         }
         for r in &self.narrow_inputs {
             let _ = writeln!(s, "warning: {r}");
+        }
+        const LISTED: usize = 5;
+        let mut narrow: Vec<&NarrowWeightRecord> = self.narrow_weight_channels.iter().collect();
+        narrow.sort_by(|a, b| (b.narrow_channels * a.channels).cmp(&(a.narrow_channels * b.channels)));
+        for r in narrow.into_iter().take(LISTED) {
+            let _ = writeln!(s, "warning: {r}");
+        }
+        if self.narrow_weight_channels.len() > LISTED {
+            let _ = writeln!(s, "warning: {} more weight(s) like these (the report's narrow_weight_channels lists them all)", self.narrow_weight_channels.len() - LISTED);
         }
         let nonfinite: u64 = self.activations.iter().map(|a| a.nonfinite).sum();
         if nonfinite > 0 {

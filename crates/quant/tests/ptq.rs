@@ -546,3 +546,37 @@ fn weights_captured_two_levels_down_are_stored_quantized_where_they_are_read() {
     let g = if_over_shared_weights(outer, captured_branch("else"));
     assert_captured_weights_stored_quantized(g, 4, "two_levels");
 }
+
+/// With one weight scale per tensor, an output channel ~1000x narrower than the widest keeps a
+/// level or two of it: the report names the weight, how many channels and the fewest levels.
+/// Per-channel weights (the default) give that channel its own scale and nothing is reported.
+#[test]
+fn per_tensor_weights_with_narrow_channels_are_reported() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let mut w = noise(12, 16, -0.5, 0.5);
+    for v in &mut w[4..8] {
+        *v *= 1e-3;
+    }
+    let w = g.add_initializer("w", Tensor::from_vec(&[4, 4, 1, 1], w).unwrap()).unwrap();
+    let c = op(&mut g, "Conv", "conv", &[x, w]);
+    let r = op(&mut g, "Relu", "relu", &[c]);
+    g.set_outputs(vec![r]).unwrap();
+    let m = model(g, 13);
+    let backend = BackendConfig::load("x86").unwrap();
+    let samples = qforge_testkit::seeded_feeds(&[("x", &[1, 4, 6, 6])], 4);
+    for per_channel in [false, true] {
+        let mapping = default_mapping(&backend, RangeName::Minmax, per_channel);
+        let q = ConfigQuantizer { backend: backend.clone(), mapping };
+        let (_, report) = quantize(&m, &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+        if per_channel {
+            assert!(report.narrow_weight_channels.is_empty(), "{:?}", report.narrow_weight_channels);
+            continue;
+        }
+        assert_eq!(report.narrow_weight_channels.len(), 1, "{:?}", report.narrow_weight_channels);
+        let n = &report.narrow_weight_channels[0];
+        assert_eq!((n.weight.as_str(), n.op.as_str(), n.narrow_channels, n.channels), ("w", "Conv", 1, 4), "{n:?}");
+        assert!(n.fewest_levels <= 2, "{n:?}");
+        assert!(report.summary().contains("weight 'w' of Conv 'conv'"), "{}", report.summary());
+    }
+}
