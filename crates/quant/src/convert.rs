@@ -17,7 +17,7 @@ use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 use crate::pipeline::InputStats;
 use crate::weight_rounding::Grid;
 use crate::observer::AxisLayout;
-use crate::prepare::{edge_value, qtype_of, resolve, Group, QuantPlan};
+use crate::prepare::{concat_inputs, edge_value, qtype_of, resolve, Group, QuantPlan};
 use crate::qparams::quantize;
 use crate::spec::{Derivation, Edge, Granularity, QuantizationSpec, Spec};
 use crate::{QParams, QType};
@@ -316,16 +316,11 @@ pub const FEW_LEVELS: u64 = 16;
 fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, act_params: &BTreeMap<(ValueId, QType), QParams>) -> Vec<(String, String, String, u64, (f32, f32), (f32, f32))> {
     let a = &plan.graphs[gi].annotations;
     let mut out = vec![];
-    for (&n, ann) in &a.nodes {
-        let Ok(node) = g.node(n) else { continue };
-        let Some(ov) = node.output(0).filter(|_| matches!(ann.output(0), Some(Spec::Shared(_)))) else { continue };
+    for &n in a.nodes.keys() {
+        let (Ok(node), Some(inputs)) = (g.node(n), concat_inputs(g, a, n)) else { continue };
+        let Some(ov) = node.output(0) else { continue };
         let Some(qt) = resolve(a, Edge::Output { node: n, index: 0 }, 0).and_then(qtype_of) else { continue };
         let Some(p) = act_params.get(&(ov, qt)) else { continue };
-        let inputs: Vec<ValueId> = ann.inputs.iter().enumerate().filter(|(_, s)| s.is_some()).filter_map(|(i, _)| node.input(i))
-            .filter(|&v| !g.value(v).is_ok_and(|x| x.is_constant())).collect();
-        if inputs.len() < 2 {
-            continue;
-        }
         let (qmin, qmax) = qt.range();
         let representable = (p.scale * (qmin - p.zero_point) as f32, p.scale * (qmax - p.zero_point) as f32);
         for v in inputs {

@@ -51,10 +51,12 @@ pub struct QuantPlan {
     pub groups: Vec<Group>,
     /// `(graph index, value)` where a value is produced, to the groups observing it.
     watch: HashMap<(usize, ValueId), Vec<usize>>,
-    /// The inputs of nodes whose output shares their qparams, to where each is produced: values
-    /// whose own extremes calibration keeps (see [`QuantPlan::value_extremes`]).
+    /// The inputs of multi-input nodes whose output shares their qparams (Concat), to where each
+    /// is produced.
     shared_inputs: HashMap<(usize, ValueId), (usize, ValueId)>,
+    /// Where the values of `shared_inputs` are produced: their own extremes are kept.
     tracked: HashSet<(usize, ValueId)>,
+    /// The observed extremes of each tracked value (see [`QuantPlan::value_extremes`]).
     value_extremes: HashMap<(usize, ValueId), (f32, f32)>,
 }
 
@@ -179,17 +181,12 @@ impl QuantPlan {
                 }
             }
         }
-        // Inputs of nodes whose output shares their qparams: their own extremes are kept.
         let mut shared_inputs = HashMap::new();
         for (gi, plan) in plans.iter().enumerate() {
             let g = all[gi].1;
-            for (&n, ann) in &plan.annotations.nodes {
-                if !ann.outputs.iter().any(|s| matches!(s, Some(Spec::Shared(_)))) {
-                    continue;
-                }
-                for (i, s) in ann.inputs.iter().enumerate() {
-                    let Some(v) = s.as_ref().and_then(|_| edge_value(g, Edge::Input { node: n, index: i })) else { continue };
-                    if let Some(at) = defining_value(&all, gi, v).filter(|_| !g.value(v).is_ok_and(|x| x.is_constant())) {
+            for &n in plan.annotations.nodes.keys() {
+                for v in concat_inputs(g, &plan.annotations, n).unwrap_or_default() {
+                    if let Some(at) = defining_value(&all, gi, v) {
                         shared_inputs.insert((gi, v), at);
                     }
                 }
@@ -218,9 +215,8 @@ impl QuantPlan {
                 mine.unusable.clone_from(&theirs.unusable);
             }
         }
-        for (&at, &(lo, hi)) in &other.value_extremes {
-            let e = self.value_extremes.entry(at).or_insert((lo, hi));
-            *e = (e.0.min(lo), e.1.max(hi));
+        for (&at, &range) in &other.value_extremes {
+            widen(&mut self.value_extremes, at, range);
         }
         Ok(())
     }
@@ -306,6 +302,25 @@ pub(crate) fn defining_value(all: &[(GraphPath, &Graph)], gi: usize, v: ValueId)
     defining_value(all, pi, pv)
 }
 
+/// The quantized non-constant inputs of node `n` when its output shares their qparams and
+/// there are at least two of them (a Concat); `None` otherwise.
+pub(crate) fn concat_inputs(g: &Graph, a: &Annotations, n: NodeId) -> Option<Vec<ValueId>> {
+    let ann = a.get(n)?;
+    if !ann.outputs.iter().any(|s| matches!(s, Some(Spec::Shared(_)))) {
+        return None;
+    }
+    let inputs: Vec<ValueId> = ann.inputs.iter().enumerate().filter(|(_, s)| s.is_some())
+        .filter_map(|(i, _)| edge_value(g, Edge::Input { node: n, index: i }))
+        .filter(|&v| !g.value(v).is_ok_and(|x| x.is_constant())).collect();
+    (inputs.len() >= 2).then_some(inputs)
+}
+
+/// Widens the extremes recorded for `at` to include `[lo, hi]`.
+fn widen(extremes: &mut HashMap<(usize, ValueId), (f32, f32)>, at: (usize, ValueId), (lo, hi): (f32, f32)) {
+    let e = extremes.entry(at).or_insert((lo, hi));
+    *e = (e.0.min(lo), e.1.max(hi));
+}
+
 /// Calibration hooks: each watched value is observed by its groups.
 pub struct Calibrator<'a> {
     plan: &'a mut QuantPlan,
@@ -316,8 +331,7 @@ impl Hooks for Calibrator<'_> {
         let gi = self.plan.graph_index(event.path)?;
         if self.plan.tracked.contains(&(gi, event.value)) {
             if let Some((lo, hi, _)) = value.as_slice::<f32>().ok().map(crate::observer::finite_extremes).filter(|(lo, hi, _)| lo <= hi) {
-                let e = self.plan.value_extremes.entry((gi, event.value)).or_insert((lo, hi));
-                *e = (e.0.min(lo), e.1.max(hi));
+                widen(&mut self.plan.value_extremes, (gi, event.value), (lo, hi));
             }
         }
         let groups = self.plan.watch.get(&(gi, event.value))?;
