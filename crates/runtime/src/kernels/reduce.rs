@@ -174,6 +174,11 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             par_chunks_mut(&mut v, d, min_items(d * ELEMENT_WORK), || (), |_, _, row| vectorized(|| softmax_row(row)));
             return Ok(vec![from_f32(x.dtype(), s, v)?]);
         }
+        if inner > 1 && d > 0 && op != "Hardmax" {
+            let log = op == "LogSoftmax";
+            par_chunks_mut(&mut v, d * inner, min_items(d * inner * ELEMENT_WORK), || (), |_, _, block| vectorized(|| softmax_columns(block, d, inner, log)));
+            return Ok(vec![from_f32(x.dtype(), s, v)?]);
+        }
         for o in 0..outer {
             for i in 0..inner {
                 let at = |k: usize| (o * d + k) * inner + i;
@@ -223,6 +228,81 @@ fn softmax_row(row: &mut [f32]) {
     map_in_place(row, |x| exp(x - m));
     let inv = 1.0 / lane_sum(row, |x| x);
     map_in_place(row, |x| x * inv);
+}
+
+/// Softmax (or LogSoftmax) over the `d` rows of a `[d, inner]` block, column by column, in
+/// tiles of columns so every pass runs along contiguous memory and vectorizes: the column
+/// maxima, then `exp(x - max)` and its column sums, then the product with the sums' inverses
+/// (or the subtraction of their logarithms). A NaN is skipped by the maximum and reaches its column through the sum.
+#[inline(always)]
+fn softmax_columns(block: &mut [f32], d: usize, inner: usize, log: bool) {
+    const TILE: usize = 256;
+    let (mut m, mut sum) = ([0f32; TILE], [0f32; TILE]);
+    for start in (0..inner).step_by(TILE) {
+        let len = TILE.min(inner - start);
+        let (m, sum) = (&mut m[..len], &mut sum[..len]);
+        m.fill(f32::NEG_INFINITY);
+        sum.fill(0.0);
+        for k in 0..d {
+            column_max(m, &block[k * inner + start..][..len]);
+        }
+        for k in 0..d {
+            let row = &mut block[k * inner + start..][..len];
+            if log {
+                column_log_terms(row, m, sum);
+            } else {
+                column_exp_terms(row, m, sum);
+            }
+        }
+        for s in sum.iter_mut() {
+            *s = if log { s.ln() } else { 1.0 / *s };
+        }
+        for k in 0..d {
+            let row = &mut block[k * inner + start..][..len];
+            if log {
+                column_sub(row, sum);
+            } else {
+                column_mul(row, sum);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn column_max(m: &mut [f32], row: &[f32]) {
+    for (m, &x) in m.iter_mut().zip(row) {
+        *m = if x > *m { x } else { *m };
+    }
+}
+
+#[inline(always)]
+fn column_exp_terms(row: &mut [f32], m: &[f32], sum: &mut [f32]) {
+    for ((x, &m), s) in row.iter_mut().zip(m).zip(sum.iter_mut()) {
+        *x = exp(*x - m);
+        *s += *x;
+    }
+}
+
+#[inline(always)]
+fn column_log_terms(row: &mut [f32], m: &[f32], sum: &mut [f32]) {
+    for ((x, &m), s) in row.iter_mut().zip(m).zip(sum.iter_mut()) {
+        *x -= m;
+        *s += exp(*x);
+    }
+}
+
+#[inline(always)]
+fn column_mul(row: &mut [f32], by: &[f32]) {
+    for (x, &b) in row.iter_mut().zip(by) {
+        *x *= b;
+    }
+}
+
+#[inline(always)]
+fn column_sub(row: &mut [f32], by: &[f32]) {
+    for (x, &b) in row.iter_mut().zip(by) {
+        *x -= b;
+    }
 }
 
 fn cumsum(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
