@@ -104,6 +104,8 @@ impl QuantPlan {
         let mut unions: Vec<(usize, usize, (usize, Edge))> = vec![];
         // Per node with a shared output: the points of its quantized inputs and of those outputs.
         let mut sharing_nodes: Vec<(Vec<usize>, Vec<usize>)> = vec![];
+        // The inputs of Concat-like nodes, to where each is produced: their own extremes are kept.
+        let mut shared_inputs = HashMap::new();
         for (gi, ((_, g), a)) in all.iter().zip(&annotated).enumerate() {
             let point = |e: Edge, ids: &mut BTreeMap<_, usize>, specs: &mut Vec<(Spec, bool)>| -> Option<usize> {
                 let v = edge_value(g, e)?;
@@ -143,6 +145,11 @@ impl QuantPlan {
                 if !shared_outs.is_empty() {
                     sharing_nodes.push((ins, shared_outs));
                 }
+                for v in concat_inputs(g, a, n).unwrap_or_default() {
+                    if let Some(at) = defining_value(&all, gi, v) {
+                        shared_inputs.insert((gi, v), at);
+                    }
+                }
             }
         }
         let mut parent = share(&specs, &unions, &sharing_nodes);
@@ -177,17 +184,6 @@ impl QuantPlan {
                     let e = watch.entry(at).or_default();
                     if !e.contains(&gid) {
                         e.push(gid);
-                    }
-                }
-            }
-        }
-        let mut shared_inputs = HashMap::new();
-        for (gi, plan) in plans.iter().enumerate() {
-            let g = all[gi].1;
-            for &n in plan.annotations.nodes.keys() {
-                for v in concat_inputs(g, &plan.annotations, n).unwrap_or_default() {
-                    if let Some(at) = defining_value(&all, gi, v) {
-                        shared_inputs.insert((gi, v), at);
                     }
                 }
             }

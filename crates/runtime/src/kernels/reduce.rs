@@ -170,50 +170,29 @@ fn softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             (s[..ax].iter().product::<usize>(), s[ax], s[ax + 1..].iter().product::<usize>())
         };
         let mut v = to_f32(x)?.into_owned();
-        if inner == 1 && op == "Softmax" {
-            par_chunks_mut(&mut v, d, min_items(d * ELEMENT_WORK), || (), |_, _, row| vectorized(|| softmax_row(row)));
-            return Ok(vec![from_f32(x.dtype(), s, v)?]);
-        }
-        if inner > 1 && d > 0 && op != "Hardmax" {
-            let log = op == "LogSoftmax";
-            par_chunks_mut(&mut v, d * inner, min_items(d * inner * ELEMENT_WORK), || (), |_, _, block| vectorized(|| softmax_columns(block, d, inner, log)));
-            return Ok(vec![from_f32(x.dtype(), s, v)?]);
-        }
-        for o in 0..outer {
-            for i in 0..inner {
-                let at = |k: usize| (o * d + k) * inner + i;
-                let m = (0..d).map(|k| v[at(k)]).fold(f32::NEG_INFINITY, f32::max);
-                match op.as_str() {
-                    "Hardmax" => {
-                        let first = (0..d).find(|&k| v[at(k)] == m).unwrap_or(0);
-                        (0..d).for_each(|k| v[at(k)] = (k == first) as u8 as f32);
-                    }
-                    _ => {
-                        let mut sum = 0.0;
-                        for k in 0..d {
-                            let e = exp(v[at(k)] - m);
-                            sum += e;
-                            if op == "Softmax" { v[at(k)] = e } else { v[at(k)] -= m }
-                        }
-                        if op == "Softmax" {
-                            let inv = 1.0 / sum;
-                            (0..d).for_each(|k| v[at(k)] *= inv);
-                        } else {
-                            let l = sum.ln();
-                            (0..d).for_each(|k| v[at(k)] -= l);
-                        }
-                    }
+        let log = op == "LogSoftmax";
+        if op == "Hardmax" {
+            for o in 0..outer {
+                for i in 0..inner {
+                    let at = |k: usize| (o * d + k) * inner + i;
+                    let m = (0..d).map(|k| v[at(k)]).fold(f32::NEG_INFINITY, f32::max);
+                    let first = (0..d).find(|&k| v[at(k)] == m).unwrap_or(0);
+                    (0..d).for_each(|k| v[at(k)] = (k == first) as u8 as f32);
                 }
             }
+        } else if inner == 1 {
+            par_chunks_mut(&mut v, d, min_items(d * ELEMENT_WORK), || (), |_, _, row| vectorized(|| softmax_row(row, log)));
+        } else if d > 0 {
+            par_chunks_mut(&mut v, d * inner, min_items(d * inner * ELEMENT_WORK), || (), |_, _, block| vectorized(|| softmax_columns(block, d, inner, log)));
         }
         Ok(vec![from_f32(x.dtype(), s, v)?])
     })
 }
 
-/// Softmax of one row in place: `exp(x - max) / sum`. The max and the sum are taken over
-/// sixteen interleaved lanes, so both loops vectorize.
+/// Softmax (or LogSoftmax) of one row in place: `exp(x - max) / sum` (`x - max - ln(sum)`).
+/// The max and the sum are taken over sixteen interleaved lanes, so both loops vectorize.
 #[inline(always)]
-fn softmax_row(row: &mut [f32]) {
+fn softmax_row(row: &mut [f32], log: bool) {
     const L: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; L];
     let chunks = row.chunks_exact(L);
@@ -225,9 +204,14 @@ fn softmax_row(row: &mut [f32]) {
     }
     // NaNs are skipped here; they reach every output through the sum.
     let m = lanes.iter().copied().fold(tail, f32::max);
-    map_in_place(row, |x| exp(x - m));
-    let inv = 1.0 / lane_sum(row, |x| x);
-    map_in_place(row, |x| x * inv);
+    if log {
+        let shift = m + lane_sum(row, |x| exp(x - m)).ln();
+        map_in_place(row, |x| x - shift);
+    } else {
+        map_in_place(row, |x| exp(x - m));
+        let inv = 1.0 / lane_sum(row, |x| x);
+        map_in_place(row, |x| x * inv);
+    }
 }
 
 /// Softmax (or LogSoftmax) over the `d` rows of a `[d, inner]` block, column by column, in
