@@ -301,6 +301,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "activations": report.activations.len(), "constants": report.constants.len(),
             "float": report.nodes.iter().filter(|n| !n.quantized).map(|n| serde_json::json!({"graph": n.graph, "node": n.name, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
             "violations": report.violations,
+            "widened": report.widened,
             "narrow_inputs": report.narrow_inputs,
             "narrow_weight_channels": report.narrow_weight_channels,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({

@@ -241,8 +241,9 @@ impl Emitter<'_> {
         (self.patch.new_initializer(s, Tensor::scalar(p.scale)), self.patch.new_initializer(z, int_tensor(qtype, &[], &[p.zero_point])))
     }
 
-    /// `v -> QuantizeLinear -> DequantizeLinear`; returns the dequantized value.
-    fn qdq(&mut self, v: ValueId, qtype: QType, p: QParams) -> ValueId {
+    /// `source -> QuantizeLinear -> DequantizeLinear`, named and typed after `v` (`source` is
+    /// `v`, or `v` already dequantized at another type); returns the dequantized value.
+    fn qdq(&mut self, v: ValueId, source: ValueId, qtype: QType, p: QParams) -> ValueId {
         let base = format!("{}{}", self.prefix, self.g.value_name(v));
         let (s, z) = self.scalar_params(&base, qtype, p);
         let qn = self.patch.unique_name(self.g, &format!("{base}_QuantizeLinear_Output"));
@@ -252,7 +253,7 @@ impl Emitter<'_> {
         let d = self.patch.new_value(dn, float_type);
         let qname = self.patch.unique_name(self.g, &format!("{base}_QuantizeLinear"));
         let dname = self.patch.unique_name(self.g, &format!("{base}_DequantizeLinear"));
-        let mut qnode = Node::new("QuantizeLinear", qname).with_inputs([v, s, z]).with_outputs([q]);
+        let mut qnode = Node::new("QuantizeLinear", qname).with_inputs([source, s, z]).with_outputs([q]);
         let mut dnode = Node::new("DequantizeLinear", dname).with_inputs([q, s, z]).with_outputs([d]);
         let opset = self.domain_of(opset_for(qtype, None, None), [&mut qnode, &mut dnode]);
         self.patch.add_node(qnode);
@@ -310,28 +311,67 @@ impl Emitter<'_> {
 /// output's qparams is reported: it keeps under four bits of resolution there.
 pub const FEW_LEVELS: u64 = 16;
 
-/// The inputs of multi-input nodes whose output shares their qparams (Concat) whose own observed
-/// range spans fewer than [`FEW_LEVELS`] levels of the output's qparams (a Concat of class
-/// scores in [0, 1] and box coordinates in pixels).
-fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, act_params: &BTreeMap<(ValueId, QType), QParams>) -> Vec<(String, String, String, u64, (f32, f32), (f32, f32))> {
+/// An input of a multi-input node whose output shares its qparams (Concat), narrow against
+/// the output's qparams.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NarrowInput {
+    pub node: NodeId,
+    pub value: ValueId,
+    /// Levels of the output's qparams the input's observed range spans.
+    pub levels: u64,
+    /// The input's observed range.
+    pub observed: (f32, f32),
+    /// The range the output's qparams represent.
+    pub output_range: (f32, f32),
+}
+
+/// The inputs of multi-input nodes of graph `gi` whose output shares their qparams (Concat)
+/// whose own observed range spans fewer than [`FEW_LEVELS`] levels of the output's qparams
+/// (a Concat of class scores in [0, 1] and box coordinates in pixels). `qparams` gives the
+/// qparams of a value at an integer type.
+pub fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, qparams: &dyn Fn(ValueId, QType) -> Option<QParams>) -> Vec<NarrowInput> {
     let a = &plan.graphs[gi].annotations;
     let mut out = vec![];
     for &n in a.nodes.keys() {
         let (Ok(node), Some(inputs)) = (g.node(n), concat_inputs(g, a, n)) else { continue };
         let Some(ov) = node.output(0) else { continue };
         let Some(qt) = resolve(a, Edge::Output { node: n, index: 0 }, 0).and_then(qtype_of) else { continue };
-        let Some(p) = act_params.get(&(ov, qt)) else { continue };
+        let Some(p) = qparams(ov, qt) else { continue };
         let (qmin, qmax) = qt.range();
-        let representable = (p.scale * (qmin - p.zero_point) as f32, p.scale * (qmax - p.zero_point) as f32);
-        for v in inputs {
-            let Some((lo, hi)) = plan.value_extremes(gi, v).filter(|(lo, hi)| hi > lo) else { continue };
-            let levels = (((hi - lo) / p.scale).floor().max(0.0) as u64).saturating_add(1);
+        let output_range = (p.scale * (qmin - p.zero_point) as f32, p.scale * (qmax - p.zero_point) as f32);
+        for value in inputs {
+            let Some(observed) = plan.value_extremes(gi, value).filter(|(lo, hi)| hi > lo) else { continue };
+            let levels = (((observed.1 - observed.0) / p.scale).floor().max(0.0) as u64).saturating_add(1);
             if levels < FEW_LEVELS {
-                out.push((node.name.clone(), node.op_type.clone(), g.value_name(v).to_string(), levels, (lo, hi), representable));
+                out.push(NarrowInput { node: n, value, levels, observed, output_range });
             }
         }
     }
     out
+}
+
+/// The nodes of graph `gi` that carry a narrow Concat's output on with the Concat's qparams:
+/// the Concat itself, then every reader whose quantized output shares its input's qparams
+/// (data movement, further Concats), transitively. Widening their activations together keeps
+/// the narrow input's resolution until a node that computes (or a graph output).
+pub fn shared_downstream(g: &Graph, plan: &QuantPlan, gi: usize, concat: NodeId) -> Vec<NodeId> {
+    let a = &plan.graphs[gi].annotations;
+    let mut chain = vec![concat];
+    let mut i = 0;
+    while i < chain.len() {
+        let n = chain[i];
+        i += 1;
+        let Ok(node) = g.node(n) else { continue };
+        for v in node.outputs.iter().flatten() {
+            for &(r, _) in g.consumers(*v) {
+                let shares = a.get(r).is_some_and(|ra| ra.outputs.iter().any(|s| matches!(s, Some(Spec::Shared(_)))));
+                if shares && !chain.contains(&r) {
+                    chain.push(r);
+                }
+            }
+        }
+    }
+    chain
 }
 
 /// A weight output channel spanning fewer levels than this of a per-tensor scale keeps under
@@ -366,27 +406,47 @@ fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
     Some((t.as_slice::<f32>().ok()?.to_vec(), t.shape().to_vec()))
 }
 
+/// How convert writes a graph.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConvertOptions {
+    /// Q/DQ that would need opset 21 (16- and 4-bit types, not blocks) are written in ONNX
+    /// Runtime's `com.microsoft` domain.
+    pub contrib: bool,
+    /// Search weight scales ([`convert_graph`]).
+    pub weight_search: bool,
+    /// A value its producer quantizes reaches readers that take another integer type
+    /// requantized from the producer's quantized value (`Q -> DQ -> Q -> DQ`, a target's
+    /// conversion op), not quantized from the float value
+    /// ([`crate::quantizer::Quantizer::typed_outputs`]).
+    pub typed_outputs: bool,
+}
+
 /// Inserts the Q/DQ of graph `gi` of `plan` into `g` (the graph at that plan's path), with
-/// the qparams of every group (`Err`: the group stays float, with the reason). With
-/// `contrib`, Q/DQ that would need opset 21 (16- and 4-bit types, not blocks) are written in
-/// ONNX Runtime's `com.microsoft` domain.
+/// the qparams of every group (`Err`: the group stays float, with the reason), as `options`
+/// says.
 ///
-/// With `weight_search`, symmetric constants take the scale of least squared error among
+/// With `options.weight_search`, symmetric constants take the scale of least squared error among
 /// 100 %, 99 %, ..., 80 % of their min/max scale, per slice. With input second moments in
 /// `stats` ([`crate::weight_rounding`]), the weights of the nodes they watched are rounded by
 /// GPTQ on those scales. With input means (bias correction, [`crate::bias_correction`]), the
 /// float bias of every Conv and Gemm they watched is then shifted by `E[(W − Ŵ)·x]` before it
 /// is quantized.
-pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], contrib: bool, stats: &InputStats, weight_search: bool) -> Result<ConvertLog, String> {
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], stats: &InputStats, options: ConvertOptions) -> Result<ConvertLog, String> {
+    let ConvertOptions { contrib, weight_search, typed_outputs } = options;
     let means = stats.means.as_ref();
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
     let prefix = if gi == 0 { String::new() } else { format!("{}@{gi}/", g.name) };
     let mut em = Emitter { g, patch: Patch::new(g, "convert"), log: ConvertLog { min_opset: 1, ..Default::default() }, contrib, prefix };
     let resolved_qtype = |e: Edge| resolve(a, e, 0).and_then(qtype_of);
-    // Activations.
+    // Activations: first each value at the type its producer quantizes it to, then at the
+    // other types readers ask for (requantized from the producer's with `typed_outputs`).
+    let producer_type = |v: ValueId| g.producer(v).and_then(|(n, k)| resolved_qtype(Edge::Output { node: n, index: k }));
+    let mut points: Vec<(ValueId, QType, usize)> = gp.points.iter().map(|(&(v, qt), &gid)| (v, qt, gid)).collect();
+    points.sort_by_key(|&(v, qt, _)| (v, producer_type(v) != Some(qt), qt));
+    let mut produced: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     let mut act_params: BTreeMap<(ValueId, QType), QParams> = BTreeMap::new();
-    for (&(v, qt), &gid) in &gp.points {
+    for (v, qt, gid) in points {
         let name = g.value_name(v);
         let p = match &params[gid] {
             Ok(p) => *p,
@@ -396,17 +456,22 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
         };
         act_params.insert((v, qt), p);
-        let producer_quantized = g.producer(v).is_some_and(|(n, k)| resolved_qtype(Edge::Output { node: n, index: k }) == Some(qt));
+        let producer_quantized = producer_type(v) == Some(qt);
         let readers: Vec<(NodeId, usize)> = g.consumers(v).iter().copied().filter(|u| u.1 != CAPTURE_USE).filter(|&(n, i)| {
             match resolved_qtype(Edge::Input { node: n, index: i }) {
                 Some(t) => t == qt,
                 None => producer_quantized && a.spec(Edge::Input { node: n, index: i }).is_none(),
             }
         }).collect();
-        if readers.is_empty() && !(producer_quantized && g.is_output(v)) {
+        let requantized = typed_outputs && producer_quantized && gp.points.keys().any(|&(w, t)| w == v && t != qt);
+        if readers.is_empty() && !(producer_quantized && (g.is_output(v) || requantized)) {
             continue;
         }
-        let d = em.qdq(v, qt, p);
+        let source = produced.get(&v).copied().filter(|_| typed_outputs).unwrap_or(v);
+        let d = em.qdq(v, source, qt, p);
+        if producer_quantized {
+            produced.insert(v, d);
+        }
         em.log.dequantized.push((d, Dequantized::Activation { group: gid, float: v }));
         let all_readers = readers.len() == g.consumers(v).len();
         if producer_quantized && g.is_output(v) && all_readers {
@@ -418,7 +483,10 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         }
         em.log.activations.push((name, gid, p));
     }
-    em.log.narrow_inputs = narrow_inputs(em.g, plan, gi, &act_params);
+    em.log.narrow_inputs = narrow_inputs(em.g, plan, gi, &|v, qt| act_params.get(&(v, qt)).copied()).into_iter().map(|x| {
+        let node = em.g.node(x.node).expect("annotated nodes are live");
+        (node.name.clone(), node.op_type.clone(), em.g.value_name(x.value).to_string(), x.levels, x.observed, x.output_range)
+    }).collect();
     // Constants: weights first (bias scales depend on them), then biases.
     let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
     let mut biases: Vec<(NodeId, usize, Vec<Edge>)> = vec![];

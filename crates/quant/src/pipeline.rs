@@ -4,17 +4,20 @@
 
 use std::time::Instant;
 
-use qforge_ir::{Model, Tensor};
+use std::collections::BTreeMap;
+
+use qforge_ir::{Graph, GraphPath, Model, NodeId, Tensor};
 use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, ValueEvent};
 use rayon::prelude::*;
 
-use crate::annotation::FloatKind;
+use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
-use crate::convert::{convert_graph, group_qparams, ConvertLog};
+use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
 use crate::passes::{fold_affine, fold_constant_scales, fold_constants, localize_captured_weights};
-use crate::prepare::QuantPlan;
+use crate::prepare::{qtype_of, resolve, QuantPlan};
+use crate::spec::Edge;
 use crate::quantizer::Quantizer;
-use crate::report::{NodeRecord, Report, ViolationRecord};
+use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
 use crate::weight_rounding::{InputGrams, WeightRounding};
 
 /// The form of the quantized model.
@@ -187,9 +190,8 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     }
     m.graph.check().map_err(stage("fuse"))?;
     qforge_ir::infer::infer_model(&mut m);
-    // Annotate.
     let all = m.graph.graphs();
-    let annotated: Vec<_> = all.iter().map(|(_, g)| quantizer.annotate(g)).collect();
+    let mut annotated: Vec<_> = all.iter().map(|(_, g)| quantizer.annotate(g)).collect();
     if opts.strict {
         let rejected: Vec<String> = all.iter().zip(&annotated).flat_map(|((_, g), a)| {
             a.float.iter().filter(|f| f.kind == FloatKind::ConfigRejected).map(|f| format!("{}: {}", g.node(f.node).map(|n| n.display_name(f.node)).unwrap_or_default(), f.reason)).collect::<Vec<_>>()
@@ -198,10 +200,34 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
             return Err(QuantizeError::Strict { count: rejected.len(), first: first.clone() });
         }
     }
-    let mut report = Report { samples: samples.len(), affine_folded: folded, ..Default::default() };
     let graph_names: Vec<String> = all.iter().map(|(_, g)| g.name.clone()).collect();
+    let violations = |annotated: &[Annotations]| -> Vec<ViolationRecord> {
+        all.iter().zip(annotated).zip(&graph_names).flat_map(|(((_, g), a), gname)| quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v))).collect()
+    };
+    let mut report = Report { samples: samples.len(), affine_folded: folded, violations: violations(&annotated), ..Default::default() };
+    if opts.strict && !report.violations.is_empty() {
+        return Err(QuantizeError::Violations(report.violations));
+    }
+    // Prepare and calibrate; again with wider activations where a Concat's input is narrow.
+    let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
+    let calib_started = Instant::now();
+    let mut plan = QuantPlan::new(&m.graph, annotated.clone());
+    let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
+    calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
+    if let Some((wider, records)) = widen_narrow_concats(&all, &graph_names, &plan, quantizer) {
+        plan = QuantPlan::new(&m.graph, wider.clone());
+        stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
+        calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
+        annotated = wider;
+        report.widened = records;
+        report.violations = violations(&annotated);
+        if opts.strict && !report.violations.is_empty() {
+            return Err(QuantizeError::Violations(report.violations));
+        }
+    }
+    report.calibration_seconds = calib_started.elapsed().as_secs_f64();
     for (((_, g), a), gname) in all.iter().zip(&annotated).zip(&graph_names) {
-        let record = |n: qforge_ir::NodeId| (g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.qualified_op()).unwrap_or_default());
+        let record = |n: NodeId| (g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.qualified_op()).unwrap_or_default());
         for (&n, ann) in &a.nodes {
             let (name, op) = record(n);
             report.nodes.push(NodeRecord { graph: gname.clone(), name, op, quantized: true, rule: Some(ann.rule.clone()), kind: None, reason: None });
@@ -211,24 +237,54 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
             report.nodes.push(NodeRecord { graph: gname.clone(), name, op, quantized: false, rule: None, kind: Some(f.kind), reason: Some(f.reason.clone()) });
         }
     }
-    for (((_, g), a), gname) in all.iter().zip(&annotated).zip(&graph_names) {
-        report.violations.extend(quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v)));
-    }
-    if opts.strict && !report.violations.is_empty() {
-        return Err(QuantizeError::Violations(report.violations));
-    }
-    // Prepare and calibrate.
-    let mut plan = QuantPlan::new(&m.graph, annotated);
-    let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
-    let calib_started = Instant::now();
-    let workers = if plan.mergeable() && opts.threads != 1 { CALIBRATION_WORKERS.min(samples.len()) } else { 1 };
-    let mut stats = InputStats {
-        means: opts.bias_correction.then(|| InputMeans::new(&m.graph, &plan)),
-        grams: (opts.weight_rounding != WeightRounding::Nearest).then(|| InputGrams::new(&m.graph, &plan, samples.len(), opts.weight_rounding)).filter(|g| opts.weight_rounding == WeightRounding::Gptq || !g.is_empty() || !g.skipped.is_empty()),
-    };
-    calibrate_samples(&session, &mut plan, &mut stats, samples, workers, progress)?;
-    report.calibration_seconds = calib_started.elapsed().as_secs_f64();
-    Ok(Calibrated { model: m, plan, stats, report, graph_names, started, max_opset: opts.max_opset, weight_search: opts.weight_search })
+    drop(all);
+    let convert = ConvertOptions { contrib: opts.max_opset.is_some_and(|v| v < 21), weight_search: opts.weight_search, typed_outputs: quantizer.typed_outputs() };
+    Ok(Calibrated { model: m, plan, stats, report, graph_names, started, max_opset: opts.max_opset, convert })
+}
+
+/// Annotations that give wider activations to the Concats whose inputs the calibrated `plan`
+/// leaves with fewer than [`crate::convert::FEW_LEVELS`] levels of the output's qparams
+/// ([`narrow_inputs`]) and, for each Concat the quantizer widens, to the nodes that carry its
+/// output on with its qparams ([`shared_downstream`]); with a record per node widened. `None`
+/// when no Concat is narrow or the quantizer widens none of them
+/// ([`Quantizer::annotate_wider`]).
+fn widen_narrow_concats(all: &[(GraphPath, &Graph)], graph_names: &[String], plan: &QuantPlan, quantizer: &dyn Quantizer) -> Option<(Vec<Annotations>, Vec<WidenedRecord>)> {
+    let mut records = vec![];
+    let wider: Vec<Annotations> = all.iter().enumerate().map(|(gi, (_, g))| {
+        let before = &plan.graphs[gi].annotations;
+        let qparams = |v, qt| plan.graphs[gi].points.get(&(v, qt)).and_then(|&gid| group_qparams(&plan.groups[gid]).ok());
+        let mut narrow: BTreeMap<NodeId, NarrowInput> = BTreeMap::new();
+        for x in narrow_inputs(g, plan, gi, &qparams) {
+            narrow.entry(x.node).or_insert(x);
+        }
+        let output_type = |a: &Annotations, n| resolve(a, Edge::Output { node: n, index: 0 }, 0).and_then(qtype_of);
+        let changed = |after: &Annotations, n| output_type(before, n).zip(output_type(after, n)).filter(|(from, to)| from != to);
+        let Some(roots) = (!narrow.is_empty()).then(|| quantizer.annotate_wider(g, &narrow.keys().copied().collect())).flatten() else { return before.clone() };
+        // Each node to widen, with the narrow input that asks for it.
+        let mut cause: BTreeMap<NodeId, &NarrowInput> = BTreeMap::new();
+        for (&concat, x) in narrow.iter().filter(|(&n, _)| changed(&roots, n).is_some()) {
+            for n in shared_downstream(g, plan, gi, concat) {
+                cause.entry(n).or_insert(x);
+            }
+        }
+        let Some(after) = (!cause.is_empty()).then(|| quantizer.annotate_wider(g, &cause.keys().copied().collect())).flatten() else { return before.clone() };
+        let name = |n: NodeId| g.node(n).map(|x| x.display_name(n)).unwrap_or_default();
+        for (&n, x) in &cause {
+            let Some((from, to)) = changed(&after, n) else { continue };
+            records.push(WidenedRecord {
+                graph: graph_names[gi].clone(),
+                node: name(n),
+                op: g.node(n).map(|x| x.op_type.clone()).unwrap_or_default(),
+                from,
+                to,
+                concat: name(x.node),
+                value: g.value_name(x.value).to_string(),
+                levels: x.levels,
+            });
+        }
+        after
+    }).collect();
+    (!records.is_empty()).then_some((wider, records))
 }
 
 /// Samples in flight at once during calibration. Two runs share the session's thread pool,
@@ -236,13 +292,14 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
 /// loading the next sample) at the cost of a second set of activations in memory.
 const CALIBRATION_WORKERS: usize = 2;
 
-/// Streams every sample through `session` into the plan's observers. With `workers > 1`,
-/// each worker calibrates its own copy of the plan on the samples it takes, and the copies are
+/// Streams every sample through `session` into the plan's observers. With several workers
+/// ([`CALIBRATION_WORKERS`] when the observers merge exactly and `threads` is not 1), each worker calibrates its own copy of the plan on the samples it takes, and the copies are
 /// merged in worker order; merges are exact, so the result equals one sequential pass. The
 /// error reported is that of the first failing sample.
 /// `stats` collects the input statistics of weight quantization in the same runs.
-fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, workers: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
+fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, threads: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
     let n = samples.len();
+    let workers = if plan.mergeable() && threads != 1 { CALIBRATION_WORKERS.min(n) } else { 1 };
     let run_one = |plan: &mut QuantPlan, stats: &mut InputStats, i: usize| -> Result<(), QuantizeError> {
         let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
         let mut hooks = WithInputStats { inner: plan.calibrator(), stats };
@@ -303,6 +360,15 @@ pub struct InputStats {
 }
 
 impl InputStats {
+    /// Empty statistics of what `opts` asks weight quantization to use, for the nodes of `plan`
+    /// in the fused model `m`, calibrated on `samples` samples.
+    fn for_plan(m: &Model, plan: &QuantPlan, samples: usize, opts: &QuantizeOptions) -> InputStats {
+        InputStats {
+            means: opts.bias_correction.then(|| InputMeans::new(&m.graph, plan)),
+            grams: (opts.weight_rounding != WeightRounding::Nearest).then(|| InputGrams::new(&m.graph, plan, samples, opts.weight_rounding)).filter(|g| opts.weight_rounding == WeightRounding::Gptq || !g.is_empty() || !g.skipped.is_empty()),
+        }
+    }
+
     /// Adds the statistics of `other`, collected on other samples from a clone of the same
     /// empty state. Exact, so the order of merges does not matter.
     fn merge(&mut self, other: &InputStats) {
@@ -351,7 +417,7 @@ pub struct Calibrated {
     graph_names: Vec<String>,
     started: Instant,
     max_opset: Option<i64>,
-    weight_search: bool,
+    convert: ConvertOptions,
 }
 
 /// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`:
@@ -371,7 +437,7 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 /// [`convert`], also returning what convert did in each graph of the plan
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
-    let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, weight_search } = c;
+    let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, convert } = c;
     // Range searches (entropy, MSE, ...) are independent per group.
     let params: Vec<_> = plan.groups.par_iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
@@ -379,7 +445,7 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
     for gi in (0..plan.graphs.len()).rev() {
         let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
-        let log = convert_graph(g, &plan, gi, &params, max_opset.is_some_and(|v| v < 21), &stats, weight_search).map_err(stage("convert"))?;
+        let log = convert_graph(g, &plan, gi, &params, &stats, convert).map_err(stage("convert"))?;
         g.remove_dead_nodes();
         need = need.max(log.min_opset);
         report.add_log(&graph_names[gi], &plan, &log);
@@ -397,7 +463,7 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     }
     report.bias_correction_enabled = stats.means.is_some();
     report.gptq_enabled = stats.grams.is_some();
-    report.weight_range_search = weight_search;
+    report.weight_range_search = convert.weight_search;
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();
     Ok((m, report, logs))

@@ -6,7 +6,7 @@
 //! wants per node, a [`BackendConfig`] says what the target supports, and the patterns of the
 //! backend are matched anchored at their last op, in reverse topological order, largest first.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use qforge_ir::{DType, Graph, Node, NodeId, ValueId};
 
@@ -36,6 +36,20 @@ pub trait Quantizer {
     /// Checks annotations against the target's constraints.
     fn validate(&self, _g: &Graph, _a: &Annotations) -> Vec<Violation> {
         vec![]
+    }
+
+    /// Whether the target's ops write their outputs in the integer type annotated, so that a
+    /// reader taking another type must convert the quantized value (QNN's Convert). Otherwise (the default) such a reader
+    /// quantizes the float value, which ONNX Runtime computes anyway: one rounding, not two.
+    fn typed_outputs(&self) -> bool {
+        false
+    }
+
+    /// Annotates `g` as [`Quantizer::annotate`] does, except that nodes of `wider` take the
+    /// target's wider activation type (16 bits where they had 8) where the quantizer allows it.
+    /// `None` when it widens none of them (the default: the target has no wider type).
+    fn annotate_wider(&self, _g: &Graph, _wider: &HashSet<NodeId>) -> Option<Annotations> {
+        None
     }
 }
 

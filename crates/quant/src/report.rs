@@ -10,6 +10,7 @@ use crate::annotation::FloatKind;
 use crate::convert::ConvertLog;
 use crate::prepare::QuantPlan;
 use crate::spec::Granularity;
+use crate::QType;
 
 /// One node's outcome.
 #[derive(Debug, Clone, Serialize)]
@@ -126,6 +127,9 @@ pub struct Report {
     pub gptq_skipped: Vec<(String, String, String, String)>,
     /// Annotated nodes that break the target's rules.
     pub violations: Vec<ViolationRecord>,
+    /// Nodes given wider activations than their precision's, so that a narrow Concat input
+    /// keeps its resolution (calibration ran again with them).
+    pub widened: Vec<WidenedRecord>,
     /// Inputs of Concat-like nodes (output sharing its inputs' qparams) that keep fewer than
     /// [`crate::convert::FEW_LEVELS`] levels of the output's qparams.
     pub narrow_inputs: Vec<NarrowInputRecord>,
@@ -160,6 +164,35 @@ impl std::fmt::Display for NarrowInputRecord {
         write!(f, "{} '{}' ({}) quantizes its input '{}' over the output's [{:.4}, {:.4}]: the input's range [{:.4}, {:.4}] gets {} level(s); \
             a wider type (16 bits) for that node or keeping it in float keeps the input's resolution",
             self.op, self.node, self.graph, self.value, self.output_range.0, self.output_range.1, self.observed.0, self.observed.1, self.levels)
+    }
+}
+
+/// A node whose activations the quantizer widened because an input of a Concat (the node, or
+/// the Concat whose output the node carries on with its qparams) spanned few levels of the
+/// Concat's output qparams.
+#[derive(Debug, Clone, Serialize)]
+pub struct WidenedRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    /// The output's integer type before and after.
+    pub from: QType,
+    pub to: QType,
+    /// The Concat with the narrow input, and that input.
+    pub concat: String,
+    pub value: String,
+    /// Levels of the Concat's output qparams before widening the input's range spanned.
+    pub levels: u64,
+}
+
+impl std::fmt::Display for WidenedRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (from, to) = (format!("{:?}", self.from).to_lowercase(), format!("{:?}", self.to).to_lowercase());
+        if self.node == self.concat {
+            write!(f, "{} '{}' ({}) takes {to} activations instead of {from}: its input '{}' spanned {} level(s) of the {from} output", self.op, self.node, self.graph, self.value, self.levels)
+        } else {
+            write!(f, "{} '{}' ({}) takes {to} activations instead of {from}: it carries on the output of Concat '{}', whose input '{}' spanned {} level(s) of {from}", self.op, self.node, self.graph, self.concat, self.value, self.levels)
+        }
     }
 }
 
@@ -363,8 +396,8 @@ impl Report {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
         let _ = writeln!(s, "quantized {q} of {} nodes; {} activations with Q/DQ, {} constants stored quantized", self.nodes.len(), self.activations.len(), self.constants.len());
-        let _ = writeln!(s, "calibration: {} samples in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights",
-            self.samples, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.affine_folded);
+        let _ = writeln!(s, "calibration: {} samples{} in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights",
+            self.samples, if self.widened.is_empty() { "" } else { " (twice: again with the widened activations below)" }, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.affine_folded);
         let mut float: BTreeMap<(String, String), usize> = BTreeMap::new();
         for n in self.nodes.iter().filter(|n| !n.quantized) {
             *float.entry((n.op.clone(), n.reason.clone().unwrap_or_default())).or_default() += 1;
@@ -399,6 +432,9 @@ impl Report {
             for ((op, reason), count) in why {
                 let _ = writeln!(s, "  {count:>4} x {op}: {reason}");
             }
+        }
+        for r in &self.widened {
+            let _ = writeln!(s, "note: {r}");
         }
         for r in &self.narrow_inputs {
             let _ = writeln!(s, "warning: {r}");

@@ -271,6 +271,10 @@ fn an_override_makes_one_conv_16_bit() {
     assert_eq!(act("conv0"), DType::U8);
     assert_eq!(act("conv1"), DType::U16, "the override");
     assert_eq!(act("conv2"), DType::U8);
+    // conv0 writes 8 bits, converted to 16 for conv1 (QNN's Convert): DQ u16 <- Q u16 <- DQ u8.
+    let producer_op = |v: ValueId| q.graph.producer(v).map(|(n, _)| q.graph.node(n).unwrap());
+    let q16 = producer_op(dq_of_input(&q, "conv1", 0).input(0).unwrap()).unwrap();
+    assert_eq!(producer_op(q16.input(0).unwrap()).map(|n| n.op_type.as_str()), Some("DequantizeLinear"), "conv1's 16-bit input is requantized from conv0's 8-bit output");
     for conv in ["conv0", "conv1", "conv2"] {
         assert_eq!(init(&q, dq_of_input(&q, conv, 1).input(0).unwrap()).dtype(), DType::I8, "{conv}: 8-bit weights");
     }
@@ -558,4 +562,88 @@ fn values_read_from_an_enclosing_graph_are_quantized_inside_if_bodies() {
         let (worst, ok) = compare(a, b, 0.0, step as f64);
         assert!(ok, "'{name}': qforge and ORT differ by {worst}");
     }
+}
+
+/// A detection head's output: box coordinates of about a hundred (a Conv with large weights)
+/// concatenated with class scores in [0, 1] (a Sigmoid), then flattened.
+fn box_and_score_head() -> (Model, Seeded) {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let w_box = weight(&mut g, "w_box", &[4, 4, 1, 1], 11, 60.0);
+    let w_cls = weight(&mut g, "w_cls", &[4, 4, 1, 1], 12, 2.0);
+    let boxes = op(&mut g, "Conv", "conv_box", &[x, w_box]);
+    let logits = op(&mut g, "Conv", "conv_cls", &[x, w_cls]);
+    let scores = op(&mut g, "Sigmoid", "sig", &[logits]);
+    let cat = g.new_value("cat_out", None).unwrap();
+    g.add_node(Node::new("Concat", "cat").with_inputs([boxes, scores]).with_outputs([cat]).with_attr("axis", Attr::Int(1))).unwrap();
+    let shape = g.add_initializer("flat_shape", Tensor::from_vec(&[3], vec![1i64, 8, 36]).unwrap()).unwrap();
+    let flat = op(&mut g, "Reshape", "flat", &[cat, shape]);
+    g.set_outputs(vec![flat]).unwrap();
+    (model(g, 13), seeded(&[("x", &[1, 4, 6, 6])]))
+}
+
+/// The largest |quantized - float| over the class scores (channels 4..8) of the head's output,
+/// the quantized model run by ONNX Runtime.
+fn score_error(float: &Model, q: &Model, samples: &Seeded, tmp: &Path) -> f32 {
+    let path = tmp.join("head.onnx");
+    qforge_onnx::save(q, &path).unwrap();
+    let mut worst = 0f32;
+    for i in 0..samples.len() {
+        let want = float_outputs(float, samples, i);
+        let got = ort_run_qdq(&path, &samples[i], 1);
+        let (w, o) = (want[0].1.as_slice::<f32>().unwrap(), got[0].1.as_slice::<f32>().unwrap());
+        for k in 4 * 36..8 * 36 {
+            worst = worst.max((w[k] - o[k]).abs());
+        }
+    }
+    worst
+}
+
+#[test]
+fn a_concat_input_left_with_few_levels_widens_the_concat_and_its_readers_to_16_bits() {
+    let (m, samples) = box_and_score_head();
+    let tmp = TempDir::new("htp_widen");
+    let (q, report) = run(&m, &htp(Precision::A8W8, "v75", None), &samples);
+    let mut widened: Vec<_> = report.widened.iter().map(|r| (r.node.as_str(), r.op.as_str(), r.from, r.to, r.concat.as_str(), r.value.as_str())).collect();
+    widened.sort();
+    use qforge_quant::QType::{U16, U8};
+    assert_eq!(widened, [("cat", "Concat", U8, U16, "cat", "sig_out"), ("flat", "Reshape", U8, U16, "cat", "sig_out")]);
+    assert!(report.widened.iter().all(|r| r.levels < 16), "{:?}", report.widened);
+    assert!(report.narrow_inputs.is_empty(), "{:?}", report.narrow_inputs);
+    assert_eq!(dq_params(&q, q_of_output(&q, "cat")).1.dtype(), DType::U16);
+    // The box Conv's own output stays 8-bit and is requantized to 16 bits for the Concat:
+    // conv_box -> Q/DQ u8 -> Q/DQ u16 -> cat, as the target converts it.
+    let mut chain = vec![];
+    let mut v = node_named(&q, "cat").input(0).unwrap();
+    while let Some((p, _)) = q.graph.producer(v) {
+        let n = q.graph.node(p).unwrap();
+        if n.op_type == "QuantizeLinear" {
+            chain.push(init(&q, n.input(2).unwrap()).dtype());
+        }
+        if n.op_type == "Conv" {
+            break;
+        }
+        v = n.input(0).unwrap();
+    }
+    assert_eq!(chain, [DType::U16, DType::U8]);
+    // The scores keep the Sigmoid's 8-bit grid (1/512 off at most), half a 16-bit step of the
+    // output and the 8-bit rounding of the logits before it: about 0.01 together.
+    let wide = score_error(&m, &q, &samples, tmp.path());
+    println!("scores: max |error| {wide:.4} with the widened Concat");
+    assert!(wide < 0.02, "scores off by {wide} with a 16-bit Concat");
+
+    // A config entry naming the Concat's precision keeps it: no widening, the narrow input is
+    // reported, and the scores fall on the 8-bit grid of the box coordinates.
+    let config = "[[op_type]]\nop = \"Concat\"\nprecision = \"8a8w\"\n";
+    let (q, report) = run(&m, &htp(Precision::A8W8, "v75", Some(config)), &samples);
+    assert!(report.widened.is_empty(), "{:?}", report.widened);
+    assert!(report.narrow_inputs.iter().any(|r| r.node == "cat" && r.value == "sig_out"), "{:?}", report.narrow_inputs);
+    assert_eq!(dq_params(&q, q_of_output(&q, "cat")).1.dtype(), DType::U8);
+    let narrow = score_error(&m, &q, &samples, tmp.path());
+    println!("scores: max |error| {narrow:.4} with the Concat kept at 8 bits");
+    assert!(narrow > 0.1, "scores off by only {narrow} on the 8-bit grid of the boxes");
+
+    // 16-bit activations everywhere: nothing to widen.
+    let (_, report) = run(&m, &htp(Precision::A16W8, "v75", None), &samples);
+    assert!(report.widened.is_empty() && report.narrow_inputs.is_empty(), "{:?} {:?}", report.widened, report.narrow_inputs);
 }

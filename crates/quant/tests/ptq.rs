@@ -219,6 +219,32 @@ fn concat_inputs_left_with_few_levels_are_reported() {
     assert_eq!(r.levels, ((hi - lo) / cat.scale).floor() as u64 + 1);
     assert!(r.levels < 16);
     assert!(report.summary().contains("Concat 'cat' (g) quantizes its input 'conv_a_out'"), "{}", report.summary());
+    assert!(report.widened.is_empty(), "x86 has no wider activation type: {:?}", report.widened);
+}
+
+/// On ONNX Runtime's target a reader that takes another integer type than the producer's
+/// output (a MatMul's second activation, int8, after a Conv's uint8 output) quantizes the float
+/// value: one rounding. The Conv's own uint8 Q/DQ, read by nobody, is not written.
+#[test]
+fn a_reader_of_another_type_quantizes_the_float_value_on_ort() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 4, 4]);
+    let w1 = weight(&mut g, "w1", &[4, 4, 1, 1], 21);
+    let w2 = weight(&mut g, "w2", &[4, 4, 1, 1], 22);
+    let a = op(&mut g, "Conv", "conv_a", &[x, w1]);
+    let b = op(&mut g, "Conv", "conv_b", &[x, w2]);
+    let y = op(&mut g, "MatMul", "mm", &[a, b]);
+    g.set_outputs(vec![y]).unwrap();
+    let (q, _) = run(&model(g, 13), "ort", &[("x", &[1, 4, 4, 4])]);
+    let g = &q.graph;
+    let (_, mm) = g.nodes().find(|(_, n)| n.name == "mm").unwrap();
+    let (dq, _) = g.producer(mm.input(1).unwrap()).unwrap();
+    let (qn, _) = g.producer(g.node(dq).unwrap().input(0).unwrap()).unwrap();
+    let qn = g.node(qn).unwrap();
+    assert_eq!(qn.op_type, "QuantizeLinear");
+    assert_eq!(g.value(qn.input(2).unwrap()).unwrap().initializer().unwrap().dtype(), qforge_ir::DType::I8);
+    assert_eq!(producer_of_input(&q, &qn.name, 0), "Conv", "int8 Q reads the Conv's float output");
+    assert_eq!(readers(&q, "conv_b_out"), ["QuantizeLinear"]);
 }
 
 /// The xnnpack target (PyTorch's XNNPACK quantizer constraints): int8 asymmetric activations,

@@ -120,6 +120,7 @@ fn summary(out: &mut String, r: &HtmlReport) {
     table(out, "summary-table", &["", ""], &[], rows.into_iter().map(|(k, v)| vec![k.to_string(), v]));
     let mut warnings: Vec<String> = rep.skipped.iter().map(|(g, v, why)| format!("'{v}' ({g}) stays float: {why}")).collect();
     warnings.extend(rep.violations.iter().map(|v| v.to_string()));
+    warnings.extend(rep.widened.iter().map(|r| r.to_string()));
     warnings.extend(rep.narrow_inputs.iter().map(|r| r.to_string()));
     warnings.extend(rep.narrow_weight_channels.iter().map(|r| r.to_string()));
     warnings.extend(rep.bias_adjusted.iter().map(|(w, n)| format!("weight '{w}': scale enlarged on {n} channel(s) so the int32 bias does not overflow")));

@@ -17,7 +17,9 @@ pub mod precision;
 pub mod rules;
 pub mod soc;
 
-use qforge_ir::Graph;
+use std::collections::HashSet;
+
+use qforge_ir::{Graph, NodeId};
 
 pub use config::{HtpConfig, NodePrecision};
 pub use precision::{Precision, PrecisionOptions, UnknownPrecision};
@@ -58,6 +60,8 @@ pub struct HtpQuantizer {
     pub mapping: QConfigMapping,
     pub table: SocTable,
     pub generation: Generation,
+    /// How precisions become QConfigs (also for the nodes [`Quantizer::annotate_wider`] widens).
+    pub precision_options: PrecisionOptions,
 }
 
 impl HtpQuantizer {
@@ -84,7 +88,7 @@ impl HtpQuantizer {
             registry.register(op, rule);
         }
         let mapping = config.mapping(options.precision, options.precision_options);
-        Ok(HtpQuantizer { registry, mapping, table, generation })
+        Ok(HtpQuantizer { registry, mapping, table, generation, precision_options: options.precision_options })
     }
 }
 
@@ -95,5 +99,27 @@ impl Quantizer for HtpQuantizer {
 
     fn validate(&self, g: &Graph, a: &Annotations) -> Vec<Violation> {
         self.registry.validate(g, a, &self.table, &self.generation)
+    }
+
+    /// HTP ops compute in their annotated integer types; the QNN EP turns `DQ -> Q` into a
+    /// Convert op, and rejects a Conv whose output type differs from its input's.
+    fn typed_outputs(&self) -> bool {
+        true
+    }
+
+    /// The nodes of `wider` that take the global precision and have 8-bit activations take
+    /// the same precision with 16-bit activations; a config entry naming a node's precision
+    /// (any level) keeps it.
+    fn annotate_wider(&self, g: &Graph, wider: &HashSet<NodeId>) -> Option<Annotations> {
+        let mut qconfigs = self.mapping.assign(g);
+        let mut widened = false;
+        for n in wider {
+            let Some((Some(q), "global")) = qconfigs.get_mut(n) else { continue };
+            if let Some(p) = Precision::of_qconfig(q).and_then(Precision::with_16bit_activations) {
+                *q = p.qconfig(self.precision_options);
+                widened = true;
+            }
+        }
+        widened.then(|| self.registry.annotate(g, &qconfigs))
     }
 }

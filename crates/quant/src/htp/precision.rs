@@ -93,6 +93,12 @@ impl Precision {
         Precision::ALL.into_iter().find(|p| p.activation() == activation && p.weight() == weight && p.is_blockwise() == blockwise)
     }
 
+    /// This precision with 16-bit activations and the same weights (`8a8w` -> `16a8w`,
+    /// `8a4w` -> `16a4w`); `None` when its activations are already 16-bit.
+    pub fn with_16bit_activations(self) -> Option<Precision> {
+        (self.activation() == QType::U8).then(|| Precision::of(QType::U16, self.weight(), self.is_blockwise())).flatten()
+    }
+
     /// The precision a QConfig made by [`Precision::qconfig`] stands for.
     pub fn of_qconfig(q: &QConfig) -> Option<Precision> {
         let (a, w) = (q.activation.as_ref()?, q.weight.as_ref()?);
