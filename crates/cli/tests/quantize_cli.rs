@@ -120,6 +120,11 @@ fn bad_calibration_data_and_arguments_are_clear_errors() {
     let o = qforge(&[copy.as_os_str(), "-o".as_ref(), copy.as_os_str(), "--calibration-data".as_ref(), good.as_os_str()]);
     assert!(!o.status.success() && stderr(&o).contains("is the input model"), "{}", stderr(&o));
     assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(&m.path).unwrap());
+    // A model quantized already (here qforge's own output) is refused, naming its quantized ops.
+    let quantized = tmp.path().join("quantized.onnx");
+    let o = qforge(&[m.path.as_os_str(), "-o".as_ref(), quantized.as_os_str(), "--calibration-data".as_ref(), good.as_os_str()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    expect_error(&[quantized.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), good.as_os_str()], &out, &["already quantized", "QuantizeLinear", "float original"]);
     // An unknown backend names the built-in ones.
     expect_error(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), good.as_os_str(), "--backend".as_ref(), "tpu".as_ref()], &out, &["'tpu'", "x86"]);
 }

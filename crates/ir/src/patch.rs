@@ -54,6 +54,12 @@ impl Patch {
         name
     }
 
+    /// Keeps [`Patch::unique_name`] from handing out `names` (e.g. the graph's node names,
+    /// which ONNX keeps apart from value names).
+    pub fn reserve(&mut self, names: impl IntoIterator<Item = String>) {
+        self.reserved.extend(names);
+    }
+
     /// A new value to be produced by a node of this patch.
     pub fn new_value(&mut self, name: impl Into<String>, ty: Option<ValueType>) -> ValueId {
         let name = name.into();

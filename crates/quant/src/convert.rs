@@ -437,7 +437,9 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     let gp = &plan.graphs[gi];
     let a = &gp.annotations;
     let prefix = if gi == 0 { String::new() } else { format!("{}@{gi}/", g.name) };
-    let mut em = Emitter { g, patch: Patch::new(g, "convert"), log: ConvertLog { min_opset: 1, ..Default::default() }, contrib, prefix };
+    let mut patch = Patch::new(g, "convert");
+    patch.reserve(g.nodes().map(|(_, n)| n.name.clone()));
+    let mut em = Emitter { g, patch, log: ConvertLog { min_opset: 1, ..Default::default() }, contrib, prefix };
     let resolved_qtype = |e: Edge| resolve(a, e, 0).and_then(qtype_of);
     // Activations: first each value at the type its producer quantizes it to, then at the
     // other types readers ask for (requantized from the producer's with `typed_outputs`).

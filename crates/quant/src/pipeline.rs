@@ -140,6 +140,8 @@ pub struct QuantizeOptions {
 pub enum QuantizeError {
     #[error("the calibration set is empty: give at least one sample")]
     NoSamples,
+    #[error("the model is already quantized: it has {ops} (first: node '{first}'). qforge quantizes float models: give it the float original (a quantized model, such as a QAT export or a quantizer's output, runs as it is in ONNX Runtime)")]
+    AlreadyQuantized { ops: String, first: String },
     #[error("calibration sample '{sample}': {reason}")]
     Sample { sample: String, reason: String },
     #[error("{stage}: {reason}")]
@@ -181,6 +183,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     if samples.len() == 0 {
         return Err(QuantizeError::NoSamples);
     }
+    already_quantized(model)?;
     let started = Instant::now();
     let mut m = model.clone();
     let folded = fuse(&mut m).map_err(stage("fuse"))?;
@@ -285,6 +288,32 @@ fn widen_narrow_concats(all: &[(GraphPath, &Graph)], graph_names: &[String], pla
         after
     }).collect();
     (!records.is_empty()).then_some((wider, records))
+}
+
+/// Whether an op works on quantized data: Q/DQ, integer kernels (QLinear*, *Integer, QGemm,
+/// ...), dynamic quantization, weight-only quantized MatMul/Gather.
+fn is_quantized_op(op: &str) -> bool {
+    matches!(op, "QuantizeLinear" | "DequantizeLinear" | "QGemm" | "QAttention" | "MatMulNBits" | "GatherBlockQuantized" | "MatMulIntegerToFloat" | "DynamicQuantizeMatMul")
+        || op.starts_with("QLinear")
+        || op.starts_with("DynamicQuantize")
+        || op.ends_with("Integer")
+}
+
+/// [`QuantizeError::AlreadyQuantized`] when a graph of `model` has quantized ops
+/// ([`is_quantized_op`]): quantizing again would stack a second set of Q/DQ on the first.
+fn already_quantized(model: &Model) -> Result<(), QuantizeError> {
+    let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut first = None;
+    for (_, g) in model.graph.graphs() {
+        for (id, n) in g.nodes().filter(|(_, n)| is_quantized_op(&n.op_type)) {
+            *ops.entry(n.op_type.as_str()).or_default() += 1;
+            first.get_or_insert_with(|| n.display_name(id));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(first) => Err(QuantizeError::AlreadyQuantized { ops: ops.iter().map(|(op, n)| format!("{n} {op}")).collect::<Vec<_>>().join(", "), first }),
+    }
 }
 
 /// Samples in flight at once during calibration. Two runs share the session's thread pool,

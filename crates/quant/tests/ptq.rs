@@ -606,3 +606,28 @@ fn per_tensor_weights_with_narrow_channels_are_reported() {
         assert!(report.summary().contains("weight 'w' of Conv 'conv'"), "{}", report.summary());
     }
 }
+
+/// Inserted Q/DQ never take a name an existing node has (ONNX keeps node and value names apart,
+/// and ONNX Runtime refuses a model with two nodes of one name).
+#[test]
+fn inserted_nodes_never_reuse_an_existing_node_name() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let w = weight(&mut g, "w", &[4, 4, 1, 1], 31);
+    let c = op(&mut g, "Conv", "conv", &[x, w]);
+    let s = op(&mut g, "Sigmoid", "conv_out_QuantizeLinear", &[c]);
+    let y = op(&mut g, "Add", "conv_out_DequantizeLinear", &[s, c]);
+    g.set_outputs(vec![y]).unwrap();
+    let (q, _) = run(&model(g, 13), "ort", &[("x", &[1, 4, 6, 6])]);
+    let mut names: Vec<&str> = q.graph.nodes().map(|(_, n)| n.name.as_str()).collect();
+    let count = names.len();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), count, "duplicate node names: {names:?}");
+    assert!(q.graph.nodes().filter(|(_, n)| n.op_type == "QuantizeLinear").count() >= 2);
+    let tmp = TempDir::new("ptq_names");
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let feed = qforge_testkit::seeded_feeds(&[("x", &[1, 4, 6, 6])], 1).remove(0);
+    assert_eq!(ort_run_qdq(&path, &feed, 1).len(), 1, "ONNX Runtime loads and runs it");
+}
