@@ -194,6 +194,25 @@ mod tests {
     }
 
     #[test]
+    fn one_hot_inserts_depth_at_axis_and_scatter_keeps_data_type() {
+        let mut g = Graph::new("g");
+        let i = g.add_input("i", Some(ValueType::tensor(DType::I32, vec![Dim::Sym("N".into()), Dim::Known(3)]))).unwrap();
+        let depth = g.add_initializer("depth", Tensor::scalar(5i64)).unwrap();
+        let values = g.add_initializer("values", Tensor::from_vec(&[2], vec![0f32, 1.0]).unwrap()).unwrap();
+        let name = g.unique_name("onehot");
+        let y = g.new_value(name.clone(), None).unwrap();
+        g.add_node(Node::new("OneHot", name).with_inputs([i, depth, values]).with_outputs([y]).with_attr("axis", crate::Attr::Int(-2))).unwrap();
+        let idx = g.add_input("idx", Some(ValueType::tensor_of(DType::I64, &[1, 5, 3]))).unwrap();
+        let z = op(&mut g, "ScatterElements", &[y, idx, y]);
+        g.set_outputs(vec![z]).unwrap();
+        let report = infer_graph(&mut g, &[OpsetImport { domain: String::new(), version: 18 }]);
+        assert!(report.unknown_ops.is_empty() && report.conflicts.is_empty(), "{report:?}");
+        let want = ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Known(5), Dim::Known(3)]);
+        assert_eq!(g.value(y).unwrap().ty, Some(want.clone()));
+        assert_eq!(g.value(z).unwrap().ty, Some(want));
+    }
+
+    #[test]
     fn contradictions_are_reported_not_applied() {
         let mut g = Graph::new("g");
         let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[2, 3]))).unwrap();

@@ -204,6 +204,16 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             };
             vec![Known { ty: ty(elem(&x), s), value, constant: None }]
         }
+        "ScatterElements" | "Scatter" => same(),
+        "OneHot" => {
+            let depth = match ins.get(1).and_then(ints).as_deref() {
+                Some(&[d]) => Dim::Known(d),
+                _ => Dim::Unknown,
+            };
+            let a = node.attr_int("axis").unwrap_or(-1);
+            let s = shape(&x).and_then(|sh| norm_axis(a, sh.len() + 1).map(|ax| [&sh[..ax], &[depth], &sh[ax..]].concat()));
+            vec![out(ty(ins.get(2).and_then(elem), s))]
+        }
         "Slice" => {
             let (starts, ends, axes, steps) = if opset < 10 {
                 (attr_ints(node, "starts"), attr_ints(node, "ends"), attr_ints(node, "axes"), None)

@@ -4,7 +4,7 @@ use qforge_ir::{Attr, NodeId, Tensor};
 
 use super::util::{input, opt_input};
 use crate::plan::Plan;
-use crate::{kernel_error, HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
+use crate::{kernel_error, HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult, LATEST};
 
 /// Registers If and Loop.
 pub fn register(r: &mut Registry) {
@@ -27,15 +27,20 @@ fn scalar_bool(t: &Tensor, what: &str) -> RuntimeResult<bool> {
     }
 }
 
-/// Runs a subgraph of node `node` (held in attribute `attr`), extending the hooks' path.
+/// Runs a subgraph of node `node` (held in attribute `attr`), extending the hooks' path. A
+/// feed the subgraph's declared inputs refuse is the node's error, not the model's input's.
 fn run_subgraph(plan: &Plan, feeds: Vec<Option<Tensor>>, ctx: &RunCtx, node: NodeId, attr: &'static str) -> RuntimeResult<Vec<Tensor>> {
-    match ctx.hooks {
+    let result = match ctx.hooks {
         Some(sink) => {
             let path: Vec<(NodeId, &'static str)> = sink.path.iter().copied().chain([(node, attr)]).collect();
             plan.run_in(feeds, ctx.scope, Some(HookSink { hooks: sink.hooks, path: &path }), None)
         }
         None => plan.run_in(feeds, ctx.scope, None, None),
-    }
+    };
+    result.map_err(|e| match e {
+        RuntimeError::Input { input, reason } => kernel_error(format!("subgraph '{attr}': input '{input}' {reason}")),
+        e => e,
+    })
 }
 
 struct If {
@@ -58,6 +63,10 @@ fn if_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
 struct Loop {
     id: NodeId,
     body: Plan,
+    /// Shapes of the iteration number and condition fed to the body: `[1]` where the body
+    /// declares that input with rank 1 (Paddle exports do; ONNX Runtime feeds them so), else
+    /// scalars.
+    counter_shapes: [Vec<usize>; 2],
 }
 
 /// Stacks equally shaped tensors along a new leading axis.
@@ -84,7 +93,8 @@ impl Kernel for Loop {
         let mut scans: Vec<Vec<Tensor>> = vec![];
         let mut i = 0i64;
         while cond && max.is_none_or(|m| i < m) {
-            let mut feeds = vec![Some(Tensor::scalar(i)), Some(Tensor::from_bools(&[], &[cond]).unwrap())];
+            let [ref iter_shape, ref cond_shape] = self.counter_shapes;
+            let mut feeds = vec![Some(Tensor::from_vec(iter_shape, vec![i]).unwrap()), Some(Tensor::from_bools(cond_shape, &[cond]).unwrap())];
             feeds.extend(carried.iter().cloned().map(Some));
             let outs = run_subgraph(&self.body, feeds, ctx, self.id, "body")?;
             if outs.len() < 1 + n {
@@ -117,5 +127,11 @@ impl Kernel for Loop {
 }
 
 fn loop_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    Ok(Box::new(Loop { id: info.id, body: subgraph(info, "body")? }))
+    let body = subgraph(info, "body")?;
+    let shape = |k: usize| match body.inputs.get(k).and_then(|p| p.ty.as_ref()).and_then(|t| t.shape()) {
+        Some(s) if s.len() == 1 => vec![1],
+        _ => vec![],
+    };
+    let counter_shapes = [shape(0), shape(1)];
+    Ok(Box::new(Loop { id: info.id, body, counter_shapes }))
 }

@@ -22,6 +22,9 @@ pub fn register(r: &mut Registry) {
     r.add("", "Slice", 1, LATEST, slice_op);
     r.add("", "Gather", 1, LATEST, gather);
     r.add("", "GatherElements", 11, LATEST, gather_elements_op);
+    r.add("", "Scatter", 9, 10, scatter_elements);
+    r.add("", "ScatterElements", 11, LATEST, scatter_elements);
+    r.add("", "OneHot", 9, LATEST, one_hot);
     r.add("", "Expand", 8, LATEST, expand);
     r.add("", "Tile", 6, LATEST, tile);
     r.add("", "Pad", 2, LATEST, pad);
@@ -505,28 +508,185 @@ fn gather(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+/// The flat offsets into a tensor of shape `x` that `GatherElements`/`ScatterElements`
+/// address: for each element of an index tensor of shape `idx` (row-major, values
+/// `indices`), its own coordinates with the one along `ax` replaced by the index (negative
+/// indices count from the end of the axis). Index shapes must have `x`'s rank.
+fn element_offsets(x: &[usize], idx: &[usize], ax: usize, indices: &[i64]) -> RuntimeResult<Vec<usize>> {
+    if x.is_empty() || idx.len() != x.len() {
+        return Err(kernel_error(format!("indices of shape {idx:?} and data of shape {x:?} must have one rank, at least 1")));
+    }
+    let (xs, is) = (strides(x), strides(idx));
+    let d = x[ax] as i64;
+    let mut offsets = Vec::with_capacity(indices.len());
+    for (flat, &i) in indices.iter().enumerate() {
+        let j = if i < 0 { i + d } else { i };
+        if j < 0 || j >= d {
+            return Err(kernel_error(format!("index {i} is out of range for dimension {ax} of size {d}")));
+        }
+        let mut off = 0;
+        for k in 0..idx.len() {
+            let c = (flat / is[k]) % idx[k];
+            off += if k == ax { j as usize } else { c } * xs[k];
+        }
+        offsets.push(off);
+    }
+    Ok(offsets)
+}
+
 fn gather_elements_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let a = info.attr_int("axis", 0);
     kernel(move |ins| {
         let (x, idx) = (input(ins, 0)?, input(ins, 1)?);
         let ax = axis(a, x.rank())?;
-        let indices = ints(idx, "indices")?;
-        let (xs, is) = (strides(x.shape()), strides(idx.shape()));
-        let d = x.shape()[ax] as i64;
-        let mut src = Vec::with_capacity(indices.len());
-        for (flat, &i) in indices.iter().enumerate() {
-            let j = if i < 0 { i + d } else { i };
-            if j < 0 || j >= d {
-                return Err(kernel_error(format!("index {i} is out of range for dimension {ax} of size {d}")));
-            }
-            let mut off = 0;
-            for k in 0..idx.rank() {
-                let c = (flat / is[k]) % idx.shape()[k];
-                off += if k == ax { j as usize } else { c } * xs[k];
-            }
-            src.push(off);
-        }
+        let src = element_offsets(x.shape(), idx.shape(), ax, &ints(idx, "indices")?)?;
         Ok(vec![gather_elements(x, idx.shape(), src.into_iter())?])
+    })
+}
+
+/// How `ScatterElements` combines an update with the element it lands on.
+#[derive(Clone, Copy, PartialEq)]
+enum Reduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+/// `ScatterElements` (opsets 11-18) and `Scatter` (9-10): a copy of `data` (any type) where
+/// each element of `updates` lands at its own coordinates with the one along `axis` (default
+/// 0, negative counts from the back) replaced by the matching element of `indices` (int32 or
+/// int64, negative counts from the end of the axis; out of range is an error). `indices` and
+/// `updates` have one shape, of `data`'s rank and no larger than `data` along the other axes.
+/// `reduction` (16+; `max`, `min` 18+) combines each update with the element already there,
+/// in row-major order of `updates`, so duplicate indices accumulate (integers wrap); with
+/// `none` (default) the last update wins.
+fn scatter_elements(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", 0);
+    let name = info.attr_str("reduction", "none");
+    let reduction = match name.as_str() {
+        "none" => Reduction::None,
+        "add" => Reduction::Add,
+        "mul" => Reduction::Mul,
+        "max" => Reduction::Max,
+        "min" => Reduction::Min,
+        other => return Err(info.error(format!("reduction '{other}' is not one of none, add, mul, max, min"))),
+    };
+    kernel(move |ins| {
+        let (data, idx, updates) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+        if updates.dtype() != data.dtype() {
+            return Err(kernel_error(format!("updates must have data's type {}, got {}", data.dtype(), updates.dtype())));
+        }
+        if updates.shape() != idx.shape() {
+            return Err(kernel_error(format!("updates of shape {:?} do not match indices of shape {:?}", updates.shape(), idx.shape())));
+        }
+        let ax = axis(a, data.rank())?;
+        if let Some(k) = (0..idx.rank().min(data.rank())).find(|&k| k != ax && idx.shape()[k] > data.shape()[k]) {
+            return Err(kernel_error(format!("indices of shape {:?} exceed data of shape {:?} along axis {k}", idx.shape(), data.shape())));
+        }
+        let targets = element_offsets(data.shape(), idx.shape(), ax, &ints(idx, "indices")?)?;
+        let mut out = data.clone();
+        if reduction == Reduction::None {
+            scatter_copy(&mut out, &targets, updates)?;
+            return Ok(vec![out]);
+        }
+        macro_rules! go {
+            ($T:ty, $add:expr, $mul:expr) => {
+                match reduction {
+                    Reduction::Add => scatter_reduce::<$T>(&mut out, &targets, updates, $add),
+                    Reduction::Mul => scatter_reduce::<$T>(&mut out, &targets, updates, $mul),
+                    Reduction::Max => scatter_reduce::<$T>(&mut out, &targets, updates, |x, y| if y > x { y } else { x }),
+                    Reduction::Min => scatter_reduce::<$T>(&mut out, &targets, updates, |x, y| if y < x { y } else { x }),
+                    Reduction::None => unreachable!("handled above"),
+                }
+            };
+        }
+        match data.dtype() {
+            DType::F32 => go!(f32, |x, y| x + y, |x, y| x * y),
+            DType::F64 => go!(f64, |x, y| x + y, |x, y| x * y),
+            DType::F16 => go!(f16, |x, y| x + y, |x, y| x * y),
+            DType::BF16 => go!(bf16, |x, y| x + y, |x, y| x * y),
+            DType::I64 => go!(i64, i64::wrapping_add, i64::wrapping_mul),
+            DType::I32 => go!(i32, i32::wrapping_add, i32::wrapping_mul),
+            DType::I16 => go!(i16, i16::wrapping_add, i16::wrapping_mul),
+            DType::I8 => go!(i8, i8::wrapping_add, i8::wrapping_mul),
+            DType::U64 => go!(u64, u64::wrapping_add, u64::wrapping_mul),
+            DType::U32 => go!(u32, u32::wrapping_add, u32::wrapping_mul),
+            DType::U16 => go!(u16, u16::wrapping_add, u16::wrapping_mul),
+            DType::U8 => go!(u8, u8::wrapping_add, u8::wrapping_mul),
+            d => return Err(kernel_error(format!("reduction '{name}' does not support {d}"))),
+        }?;
+        Ok(vec![out])
+    })
+}
+
+/// Writes element `i` of `updates` over element `targets[i]` of `out`, in order.
+fn scatter_copy(out: &mut Tensor, targets: &[usize], updates: &Tensor) -> RuntimeResult<()> {
+    if let Some(u) = updates.strings() {
+        let mut v = out.strings().expect("data and updates have one type").to_vec();
+        for (&t, s) in targets.iter().zip(u) {
+            v[t] = s.clone();
+        }
+        *out = Tensor::from_strings(out.shape(), v).map_err(err)?;
+        return Ok(());
+    }
+    let bits = out.dtype().bits();
+    if bits == 0 || !bits.is_multiple_of(8) {
+        return Err(kernel_error(format!("{} tensors are not supported here", out.dtype())));
+    }
+    let w = bits / 8;
+    let src = updates.raw_bytes().expect("non-string tensors have bytes");
+    let dst = out.raw_bytes_mut().expect("non-string tensors have bytes");
+    for (i, &t) in targets.iter().enumerate() {
+        dst[t * w..(t + 1) * w].copy_from_slice(&src[i * w..(i + 1) * w]);
+    }
+    Ok(())
+}
+
+/// `out[targets[i]] = f(out[targets[i]], updates[i])`, in order.
+fn scatter_reduce<T: qforge_ir::Elem>(out: &mut Tensor, targets: &[usize], updates: &Tensor, f: impl Fn(T, T) -> T) -> RuntimeResult<()> {
+    let u = updates.as_slice::<T>().map_err(err)?;
+    let o = out.as_slice_mut::<T>().map_err(err)?;
+    for (&t, &v) in targets.iter().zip(u) {
+        o[t] = f(o[t], v);
+    }
+    Ok(())
+}
+
+/// `OneHot` (opsets 9-28): `indices` (any numeric type; floats truncated toward zero, as ONNX
+/// Runtime reads them) with a dimension of `depth` inserted at `axis` (default -1, in
+/// `[-r-1, r]` for indices of rank r), `values[1]` where the coordinate along it equals the
+/// index and `values[0]` elsewhere; the output has `values`' type (any, strings included).
+/// From opset 11 an index in `[-depth, 0)` counts from the end; any other index outside
+/// `[0, depth)` gives a row of `values[0]` alone. `depth` is a one-element tensor of any
+/// numeric type (truncated, not negative), `values` a two-element tensor `[off, on]`.
+fn one_hot(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let a = info.attr_int("axis", -1);
+    let wrap = info.opset >= 11;
+    kernel(move |ins| {
+        let (idx, depth, values) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+        let ax = axis(a, idx.rank() + 1)?;
+        let depth = match cast_tensor(depth, DType::I64)?.as_slice::<i64>().map_err(err)? {
+            &[d] => usize::try_from(d).map_err(|_| kernel_error(format!("depth {d} is negative")))?,
+            d => return Err(kernel_error(format!("depth must have one element, got {}", d.len()))),
+        };
+        if values.len() != 2 {
+            return Err(kernel_error(format!("values must have two elements [off, on], got {}", values.len())));
+        }
+        let mut shape = idx.shape().to_vec();
+        shape.insert(ax, depth);
+        Tensor::checked_byte_len(values.dtype(), &shape, 8 << 30).map_err(err)?;
+        let d = depth as i64;
+        let hot: Vec<Option<usize>> = cast_tensor(idx, DType::I64)?.as_slice::<i64>().map_err(err)?.iter()
+            .map(|&i| if wrap && i < 0 { i + d } else { i })
+            .map(|j| (0..d).contains(&j).then_some(j as usize))
+            .collect();
+        let hot = &hot;
+        let inner: usize = idx.shape()[ax..].iter().product();
+        let outer: usize = idx.shape()[..ax].iter().product();
+        let src = (0..outer).flat_map(move |o| (0..depth).flat_map(move |k| (0..inner).map(move |i| usize::from(hot[o * inner + i] == Some(k)))));
+        Ok(vec![gather_elements(values, &shape, src)?])
     })
 }
 
