@@ -120,7 +120,7 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     match info.node.op_type.as_str() {
         "Relu" => unary(|x: f32| x.max(0.0)),
         "Sigmoid" => unary(sigmoid),
-        "Tanh" => unary(f32::tanh),
+        "Tanh" => unary(super::math::tanh),
         "Sqrt" => unary(f32::sqrt),
         "Exp" => unary(super::math::exp),
         "Log" => unary(f32::ln),

@@ -30,7 +30,7 @@ impl Unary {
         match self {
             Unary::Relu => x.max(0.0),
             Unary::Sigmoid => sigmoid(x),
-            Unary::Tanh => x.tanh(),
+            Unary::Tanh => super::math::tanh(x),
             Unary::Erf => super::math::erf(x),
             Unary::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
             Unary::HardSwish => x * (x * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0),

@@ -1,4 +1,4 @@
-//! Branch-free f32 `exp` and `erf` that compile to straight-line arithmetic and selects, so
+//! Branch-free f32 `exp`, `tanh` and `erf` that compile to straight-line arithmetic and selects, so
 //! loops over them vectorize (the `std`/`libm` versions are opaque calls and do not).
 //!
 //! Both are written with plain multiplies and adds (no `mul_add`, which is a library call
@@ -50,6 +50,21 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
+/// The hyperbolic tangent within 3 ulp: Cephes' odd polynomial for `|x| < 0.625`, else
+/// `1 - 2 / (e^(2|x|) + 1)` with the sign of `x` (`±1` once `e^(2|x|)` overflows). NaN for NaN.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    let z = x * x;
+    let near = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z - 3.333_328_2e-1) * z * x + x;
+    let far = (1.0 - 2.0 / (exp(2.0 * a) + 1.0)).copysign(x);
+    if a < 0.625 {
+        near
+    } else {
+        far
+    }
+}
+
 /// The error function within about 3e-7 absolute (and 1e-8 relative for |x| < 0.5): a
 /// Taylor polynomial near zero, Abramowitz & Stegun 7.1.26 elsewhere. NaN for NaN.
 #[inline(always)]
@@ -93,6 +108,20 @@ mod tests {
         assert_eq!(exp(-1000.0), 0.0);
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn tanh_matches_libm_within_three_ulp() {
+        let mut x = -12.0f32;
+        while x < 12.0 {
+            let (got, want) = (tanh(x), libm::tanhf(x));
+            assert!(ulps(got.abs(), want.abs()) <= 3 && got.signum() == want.signum(), "tanh({x}) = {got}, libm gives {want}");
+            x += 0.000_37;
+        }
+        for x in [0.0f32, -0.0, 1e-30, -1e-7, 0.624_999_9, 0.625, -0.625, 9.0, 44.0, 100.0, f32::INFINITY, f32::NEG_INFINITY] {
+            assert!(ulps(tanh(x).abs(), libm::tanhf(x).abs()) <= 3, "tanh({x}) = {}, libm gives {}", tanh(x), libm::tanhf(x));
+        }
+        assert!(tanh(f32::NAN).is_nan());
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub fn register(r: &mut Registry) {
 fn activation(name: &str) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
     Ok(match name.to_ascii_lowercase().as_str() {
         "sigmoid" => |x, _, _| super::elementwise::sigmoid(x),
-        "tanh" => |x, _, _| x.tanh(),
+        "tanh" => |x, _, _| super::math::tanh(x),
         "relu" => |x, _, _| x.max(0.0),
         "hardsigmoid" => |x, a, b| (a * x + b).clamp(0.0, 1.0),
         "affine" => |x, a, b| a * x + b,

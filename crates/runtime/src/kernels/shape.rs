@@ -206,21 +206,38 @@ pub fn strided_copy(x: &Tensor, shape: &[usize], offset: usize, st: &[isize]) ->
 }
 
 /// Fills `dst` run by run along the last of `dims` (size, stride in `src`), the outer
-/// dimensions stepped as an odometer from `offset`.
+/// dimensions stepped as an odometer from `offset`. When the innermost dimension is strided
+/// and the one outside it is contiguous in `src` (a transpose of the last two axes), runs are
+/// filled [`TILE`] at a time, so each read of `src` takes neighbouring elements.
 fn copy_runs<T: Copy>(src: &[T], dst: &mut [T], dims: &[(usize, isize)], offset: usize) {
     let (inner, ist) = dims[dims.len() - 1];
-    let outer = &dims[..dims.len() - 1];
+    let tiled = ist != 1 && dims.len() >= 2 && dims[dims.len() - 2].1 == 1 && dims[dims.len() - 2].0 >= TILE;
+    let (outer, step) = if tiled {
+        let (rows, _) = dims[dims.len() - 2];
+        let mut o = dims[..dims.len() - 2].to_vec();
+        o.push((rows.div_ceil(TILE), TILE as isize));
+        (o, TILE)
+    } else {
+        (dims[..dims.len() - 1].to_vec(), 1)
+    };
+    let rows = if tiled { dims[dims.len() - 2].0 } else { 1 };
     let mut idx = vec![0usize; outer.len()];
     let mut at = offset as isize;
-    for run in dst.chunks_exact_mut(inner) {
-        let base = at as usize;
+    let mut out = 0;
+    while out < dst.len() {
+        let block = if tiled { step.min(rows - idx[outer.len() - 1] * TILE) } else { 1 };
+        let chunk = &mut dst[out..out + block * inner];
         if ist == 1 {
-            run.copy_from_slice(&src[base..base + inner]);
+            chunk.copy_from_slice(&src[at as usize..][..inner]);
         } else {
-            for (k, d) in run.iter_mut().enumerate() {
-                *d = src[(at + k as isize * ist) as usize];
+            for k in 0..inner {
+                let from = &src[(at + k as isize * ist) as usize..][..block];
+                for (j, &v) in from.iter().enumerate() {
+                    chunk[j * inner + k] = v;
+                }
             }
         }
+        out += block * inner;
         for d in (0..outer.len()).rev() {
             idx[d] += 1;
             at += outer[d].1;
@@ -232,6 +249,9 @@ fn copy_runs<T: Copy>(src: &[T], dst: &mut [T], dims: &[(usize, isize)], offset:
         }
     }
 }
+
+/// Runs [`copy_runs`] fills together when transposing the last two axes.
+const TILE: usize = 16;
 
 /// The flat indices of a strided view, row-major (for element types without a fixed
 /// byte width).
@@ -858,4 +878,41 @@ fn space_to_depth(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let t = transpose_tensor(&x.reshaped(&[n, c, h / b, b, w / b, b]).map_err(err)?, &[0, 3, 5, 1, 2, 4])?;
         Ok(vec![t.reshaped(&[n, c * b * b, h / b, w / b]).map_err(err)?])
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Element `i` (row-major over `shape`) of a strided view, computed one index at a time.
+    fn naive(x: &[f32], shape: &[usize], offset: usize, st: &[isize]) -> Vec<f32> {
+        let n: usize = shape.iter().product();
+        (0..n).map(|mut i| {
+            let mut at = offset as isize;
+            for (&d, &s) in shape.iter().zip(st).rev() {
+                at += (i % d) as isize * s;
+                i /= d;
+            }
+            x[at as usize]
+        }).collect()
+    }
+
+    #[test]
+    fn strided_copies_equal_element_by_element_indexing() {
+        let x: Vec<f32> = (0..3 * 37 * 21).map(|i| i as f32).collect();
+        let t = Tensor::from_vec(&[3, 37, 21], x.clone()).unwrap();
+        // Transposes of the last two axes (tiled, with a partial last tile), of all axes, a
+        // reversed slice (negative stride), and a contiguous copy.
+        let cases: [(&[usize], usize, &[isize]); 5] = [
+            (&[3, 21, 37], 0, &[777, 1, 21]),
+            (&[21, 37, 3], 0, &[1, 21, 777]),
+            (&[37, 3, 21], 0, &[21, 777, 1]),
+            (&[3, 37, 21], 20, &[777, 21, -1]),
+            (&[2, 17, 21], 777, &[777, 21, 1]),
+        ];
+        for (shape, offset, st) in cases {
+            let got = strided_copy(&t, shape, offset, st).unwrap();
+            assert_eq!(got.as_slice::<f32>().unwrap(), naive(&x, shape, offset, st), "{shape:?} {st:?}");
+        }
+    }
 }
