@@ -314,7 +314,7 @@ pub const FEW_LEVELS: u64 = 16;
 /// An input of a multi-input node whose output shares its qparams (Concat), narrow against
 /// the output's qparams.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NarrowInput {
+pub(crate) struct NarrowInput {
     pub node: NodeId,
     pub value: ValueId,
     /// Levels of the output's qparams the input's observed range spans.
@@ -329,7 +329,7 @@ pub struct NarrowInput {
 /// whose own observed range spans fewer than [`FEW_LEVELS`] levels of the output's qparams
 /// (a Concat of class scores in [0, 1] and box coordinates in pixels). `qparams` gives the
 /// qparams of a value at an integer type.
-pub fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, qparams: &dyn Fn(ValueId, QType) -> Option<QParams>) -> Vec<NarrowInput> {
+pub(crate) fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, qparams: &dyn Fn(ValueId, QType) -> Option<QParams>) -> Vec<NarrowInput> {
     let a = &plan.graphs[gi].annotations;
     let mut out = vec![];
     for &n in a.nodes.keys() {
@@ -354,7 +354,7 @@ pub fn narrow_inputs(g: &Graph, plan: &QuantPlan, gi: usize, qparams: &dyn Fn(Va
 /// the Concat itself, then every reader whose quantized output shares its input's qparams
 /// (data movement, further Concats), transitively. Widening their activations together keeps
 /// the narrow input's resolution until a node that computes (or a graph output).
-pub fn shared_downstream(g: &Graph, plan: &QuantPlan, gi: usize, concat: NodeId) -> Vec<NodeId> {
+pub(crate) fn shared_downstream(g: &Graph, plan: &QuantPlan, gi: usize, concat: NodeId) -> Vec<NodeId> {
     let a = &plan.graphs[gi].annotations;
     let mut chain = vec![concat];
     let mut i = 0;

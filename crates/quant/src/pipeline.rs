@@ -2,9 +2,8 @@
 //! `fuse -> annotate -> prepare -> calibrate -> convert`, over the main graph and every
 //! If/Loop subgraph, with a [`Report`] of what was done.
 
-use std::time::Instant;
-
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use qforge_ir::{Graph, GraphPath, Model, NodeId, Tensor};
 use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, ValueEvent};
@@ -15,9 +14,9 @@ use crate::bias_correction::InputMeans;
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
 use crate::passes::{fold_affine, fold_constant_scales, fold_constants, localize_captured_weights};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
-use crate::spec::Edge;
 use crate::quantizer::Quantizer;
 use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
+use crate::spec::Edge;
 use crate::weight_rounding::{InputGrams, WeightRounding};
 
 /// The form of the quantized model.
@@ -177,8 +176,10 @@ pub fn fuse(m: &mut Model) -> Result<usize, String> {
     Ok(folded)
 }
 
-/// Fuses a copy of `model` ([`fuse`]), annotates it with `quantizer` (validating under
-/// `opts.strict`), and calibrates the plan's observers on `samples`.
+/// Fuses a copy of `model` ([`fuse`]; a model already quantized is refused), annotates it
+/// with `quantizer` (validating under `opts.strict`), and calibrates the plan's observers on
+/// `samples`; when Concats come out narrow and the quantizer widens them
+/// ([`widen_narrow_concats`]), annotates and calibrates once more.
 pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Calibrated, QuantizeError> {
     if samples.len() == 0 {
         return Err(QuantizeError::NoSamples);
@@ -240,7 +241,6 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
             report.nodes.push(NodeRecord { graph: gname.clone(), name, op, quantized: false, rule: None, kind: Some(f.kind), reason: Some(f.reason.clone()) });
         }
     }
-    drop(all);
     let convert = ConvertOptions { contrib: opts.max_opset.is_some_and(|v| v < 21), weight_search: opts.weight_search, typed_outputs: quantizer.typed_outputs() };
     Ok(Calibrated { model: m, plan, stats, report, graph_names, started, max_opset: opts.max_opset, convert })
 }
@@ -322,7 +322,8 @@ fn already_quantized(model: &Model) -> Result<(), QuantizeError> {
 const CALIBRATION_WORKERS: usize = 2;
 
 /// Streams every sample through `session` into the plan's observers. With several workers
-/// ([`CALIBRATION_WORKERS`] when the observers merge exactly and `threads` is not 1), each worker calibrates its own copy of the plan on the samples it takes, and the copies are
+/// ([`CALIBRATION_WORKERS`] when the observers merge exactly and `threads` is not 1), each
+/// worker calibrates its own copy of the plan on the samples it takes, and the copies are
 /// merged in worker order; merges are exact, so the result equals one sequential pass. The
 /// error reported is that of the first failing sample.
 /// `stats` collects the input statistics of weight quantization in the same runs.

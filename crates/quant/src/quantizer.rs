@@ -39,8 +39,9 @@ pub trait Quantizer {
     }
 
     /// Whether the target's ops write their outputs in the integer type annotated, so that a
-    /// reader taking another type must convert the quantized value (QNN's Convert). Otherwise (the default) such a reader
-    /// quantizes the float value, which ONNX Runtime computes anyway: one rounding, not two.
+    /// reader taking another type must convert the quantized value (QNN's Convert). Otherwise
+    /// (the default) such a reader quantizes the float value, which ONNX Runtime computes
+    /// anyway: one rounding, not two.
     fn typed_outputs(&self) -> bool {
         false
     }
