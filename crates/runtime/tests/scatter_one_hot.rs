@@ -101,3 +101,18 @@ fn scatter_elements_errors_name_the_node() {
     let e = Session::new(&model).err().expect("an unknown reduction is refused").to_string();
     assert!(e.contains("'bad_reduction'") && e.contains("sum"), "{e}");
 }
+
+#[test]
+fn scatter_nd_errors_name_the_node() {
+    let s = one_node("ScatterND", 18, &["x", "i", "u"], vec![]);
+    let x = || t(&[2, 3], vec![0f32; 6]);
+    let e = run(&s, vec![("x", x()), ("i", t(&[1, 3], vec![0i64; 3])), ("u", t(&[1], vec![1f32]))]).unwrap_err();
+    assert!(e.contains("'the_node'") && e.contains("must end in a dimension of 1 to 2"), "{e}");
+    let e = run(&s, vec![("x", x()), ("i", t(&[1, 1], vec![-3i64])), ("u", t(&[1, 3], vec![1f32; 3]))]).unwrap_err();
+    assert!(e.contains("'the_node'") && e.contains("out of range"), "{e}");
+    let e = run(&s, vec![("x", x()), ("i", t(&[1, 1], vec![1i64])), ("u", t(&[1, 2], vec![1f32; 2]))]).unwrap_err();
+    assert!(e.contains("'the_node'") && e.contains("do not match [1, 3]"), "{e}");
+    // A negative index counts from the end: row -1 is row 1.
+    let y = run(&s, vec![("x", x()), ("i", t(&[1, 1], vec![-1i64])), ("u", t(&[1, 3], vec![1f32, 2.0, 3.0]))]).unwrap();
+    assert_eq!(y.as_slice::<f32>().unwrap(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
+}

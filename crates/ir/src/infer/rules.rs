@@ -204,7 +204,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             };
             vec![Known { ty: ty(elem(&x), s), value, constant: None }]
         }
-        "ScatterElements" | "Scatter" => same(),
+        "ScatterElements" | "Scatter" | "ScatterND" => same(),
         "OneHot" => {
             let depth = match ins.get(1).and_then(ints).as_deref() {
                 Some(&[d]) => Dim::Known(d),

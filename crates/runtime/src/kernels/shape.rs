@@ -24,6 +24,7 @@ pub fn register(r: &mut Registry) {
     r.add("", "GatherElements", 11, LATEST, gather_elements_op);
     r.add("", "Scatter", 9, 10, scatter_elements);
     r.add("", "ScatterElements", 11, LATEST, scatter_elements);
+    r.add("", "ScatterND", 11, LATEST, scatter_nd);
     r.add("", "OneHot", 9, LATEST, one_hot);
     r.add("", "Expand", 8, LATEST, expand);
     r.add("", "Tile", 6, LATEST, tile);
@@ -585,19 +586,9 @@ enum Reduction {
 fn scatter_elements(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let a = info.attr_int("axis", 0);
     let name = info.attr_str("reduction", "none");
-    let reduction = match name.as_str() {
-        "none" => Reduction::None,
-        "add" => Reduction::Add,
-        "mul" => Reduction::Mul,
-        "max" => Reduction::Max,
-        "min" => Reduction::Min,
-        other => return Err(info.error(format!("reduction '{other}' is not one of none, add, mul, max, min"))),
-    };
+    let reduction = reduction_named(info, &name)?;
     kernel(move |ins| {
         let (data, idx, updates) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
-        if updates.dtype() != data.dtype() {
-            return Err(kernel_error(format!("updates must have data's type {}, got {}", data.dtype(), updates.dtype())));
-        }
         if updates.shape() != idx.shape() {
             return Err(kernel_error(format!("updates of shape {:?} do not match indices of shape {:?}", updates.shape(), idx.shape())));
         }
@@ -606,39 +597,97 @@ fn scatter_elements(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             return Err(kernel_error(format!("indices of shape {:?} exceed data of shape {:?} along axis {k}", idx.shape(), data.shape())));
         }
         let targets = element_offsets(data.shape(), idx.shape(), ax, &ints(idx, "indices")?)?;
-        let mut out = data.clone();
-        if reduction == Reduction::None {
-            scatter_copy(&mut out, &targets, updates)?;
-            return Ok(vec![out]);
-        }
-        macro_rules! go {
-            ($T:ty, $add:expr, $mul:expr) => {
-                match reduction {
-                    Reduction::Add => scatter_reduce::<$T>(&mut out, &targets, updates, $add),
-                    Reduction::Mul => scatter_reduce::<$T>(&mut out, &targets, updates, $mul),
-                    Reduction::Max => scatter_reduce::<$T>(&mut out, &targets, updates, |x, y| if y > x { y } else { x }),
-                    Reduction::Min => scatter_reduce::<$T>(&mut out, &targets, updates, |x, y| if y < x { y } else { x }),
-                    Reduction::None => unreachable!("handled above"),
-                }
-            };
-        }
-        match data.dtype() {
-            DType::F32 => go!(f32, |x, y| x + y, |x, y| x * y),
-            DType::F64 => go!(f64, |x, y| x + y, |x, y| x * y),
-            DType::F16 => go!(f16, |x, y| x + y, |x, y| x * y),
-            DType::BF16 => go!(bf16, |x, y| x + y, |x, y| x * y),
-            DType::I64 => go!(i64, i64::wrapping_add, i64::wrapping_mul),
-            DType::I32 => go!(i32, i32::wrapping_add, i32::wrapping_mul),
-            DType::I16 => go!(i16, i16::wrapping_add, i16::wrapping_mul),
-            DType::I8 => go!(i8, i8::wrapping_add, i8::wrapping_mul),
-            DType::U64 => go!(u64, u64::wrapping_add, u64::wrapping_mul),
-            DType::U32 => go!(u32, u32::wrapping_add, u32::wrapping_mul),
-            DType::U16 => go!(u16, u16::wrapping_add, u16::wrapping_mul),
-            DType::U8 => go!(u8, u8::wrapping_add, u8::wrapping_mul),
-            d => return Err(kernel_error(format!("reduction '{name}' does not support {d}"))),
-        }?;
-        Ok(vec![out])
+        scatter(data, &targets, updates, reduction, &name).map(|t| vec![t])
     })
+}
+
+/// `ScatterND` (opsets 11-18): a copy of `data` (any type) where each index tuple along the last
+/// axis of `indices` (int64, `k` coordinates, negative counts from the end of each axis; out of
+/// range is an error) addresses the slice `data[i_1, ..., i_k, ...]` and the matching slice of
+/// `updates` (shape `indices.shape[..-1] ++ data.shape[k..]`) lands there. `reduction` (16+;
+/// `max`, `min` 18+) combines as in [`scatter_elements`], tuple by tuple in row-major order.
+fn scatter_nd(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let name = info.attr_str("reduction", "none");
+    let reduction = reduction_named(info, &name)?;
+    kernel(move |ins| {
+        let (data, idx, updates) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+        let (ds, is) = (data.shape(), idx.shape());
+        let k = is.last().copied().unwrap_or(0);
+        if is.is_empty() || k == 0 || k > ds.len() {
+            return Err(kernel_error(format!("indices of shape {is:?} must end in a dimension of 1 to {} (data's rank)", ds.len())));
+        }
+        let want: Vec<usize> = is[..is.len() - 1].iter().chain(&ds[k..]).copied().collect();
+        if updates.shape() != want.as_slice() {
+            return Err(kernel_error(format!("updates of shape {:?} do not match {want:?} (indices {is:?}, data {ds:?})", updates.shape())));
+        }
+        let st = strides(ds);
+        let slice: usize = ds[k..].iter().product();
+        let mut targets = Vec::with_capacity(updates.len());
+        for tuple in ints(idx, "indices")?.chunks(k) {
+            let mut base = 0;
+            for (d, &i) in tuple.iter().enumerate() {
+                let j = if i < 0 { i + ds[d] as i64 } else { i };
+                if j < 0 || j >= ds[d] as i64 {
+                    return Err(kernel_error(format!("index {i} is out of range for dimension {d} of size {}", ds[d])));
+                }
+                base += j as usize * st[d];
+            }
+            targets.extend(base..base + slice);
+        }
+        scatter(data, &targets, updates, reduction, &name).map(|t| vec![t])
+    })
+}
+
+/// The [`Reduction`] of a `reduction` attribute value, or an error naming the node.
+fn reduction_named(info: &NodeInfo, name: &str) -> RuntimeResult<Reduction> {
+    Ok(match name {
+        "none" => Reduction::None,
+        "add" => Reduction::Add,
+        "mul" => Reduction::Mul,
+        "max" => Reduction::Max,
+        "min" => Reduction::Min,
+        other => return Err(info.error(format!("reduction '{other}' is not one of none, add, mul, max, min"))),
+    })
+}
+
+/// A copy of `data` with element `i` of `updates` combined into element `targets[i]`, in order:
+/// written over it (`Reduction::None`), or reduced with it (integers wrap).
+fn scatter(data: &Tensor, targets: &[usize], updates: &Tensor, reduction: Reduction, name: &str) -> RuntimeResult<Tensor> {
+    if updates.dtype() != data.dtype() {
+        return Err(kernel_error(format!("updates must have data's type {}, got {}", data.dtype(), updates.dtype())));
+    }
+    let mut out = data.clone();
+    if reduction == Reduction::None {
+        scatter_copy(&mut out, targets, updates)?;
+        return Ok(out);
+    }
+    macro_rules! go {
+        ($T:ty, $add:expr, $mul:expr) => {
+            match reduction {
+                Reduction::Add => scatter_reduce::<$T>(&mut out, targets, updates, $add),
+                Reduction::Mul => scatter_reduce::<$T>(&mut out, targets, updates, $mul),
+                Reduction::Max => scatter_reduce::<$T>(&mut out, targets, updates, |x, y| if y > x { y } else { x }),
+                Reduction::Min => scatter_reduce::<$T>(&mut out, targets, updates, |x, y| if y < x { y } else { x }),
+                Reduction::None => unreachable!("handled above"),
+            }
+        };
+    }
+    match data.dtype() {
+        DType::F32 => go!(f32, |x, y| x + y, |x, y| x * y),
+        DType::F64 => go!(f64, |x, y| x + y, |x, y| x * y),
+        DType::F16 => go!(f16, |x, y| x + y, |x, y| x * y),
+        DType::BF16 => go!(bf16, |x, y| x + y, |x, y| x * y),
+        DType::I64 => go!(i64, i64::wrapping_add, i64::wrapping_mul),
+        DType::I32 => go!(i32, i32::wrapping_add, i32::wrapping_mul),
+        DType::I16 => go!(i16, i16::wrapping_add, i16::wrapping_mul),
+        DType::I8 => go!(i8, i8::wrapping_add, i8::wrapping_mul),
+        DType::U64 => go!(u64, u64::wrapping_add, u64::wrapping_mul),
+        DType::U32 => go!(u32, u32::wrapping_add, u32::wrapping_mul),
+        DType::U16 => go!(u16, u16::wrapping_add, u16::wrapping_mul),
+        DType::U8 => go!(u8, u8::wrapping_add, u8::wrapping_mul),
+        d => return Err(kernel_error(format!("reduction '{name}' does not support {d}"))),
+    }?;
+    Ok(out)
 }
 
 /// Writes element `i` of `updates` over element `targets[i]` of `out`, in order.
