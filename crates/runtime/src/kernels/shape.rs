@@ -25,6 +25,7 @@ pub fn register(r: &mut Registry) {
     r.add("", "Scatter", 9, 10, scatter_elements);
     r.add("", "ScatterElements", 11, LATEST, scatter_elements);
     r.add("", "ScatterND", 11, LATEST, scatter_nd);
+    r.add("", "GatherND", 11, LATEST, gather_nd);
     r.add("", "OneHot", 9, LATEST, one_hot);
     r.add("", "Expand", 8, LATEST, expand);
     r.add("", "Tile", 6, LATEST, tile);
@@ -562,6 +563,44 @@ fn gather_elements_op(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let ax = axis(a, x.rank())?;
         let src = element_offsets(x.shape(), idx.shape(), ax, &ints(idx, "indices")?)?;
         Ok(vec![gather_elements(x, idx.shape(), src.into_iter())?])
+    })
+}
+
+/// `GatherND` (opsets 11-13): with `b = batch_dims` (default 0), the first `b` dimensions of
+/// `indices` and `data` match, and each index tuple along the last axis of `indices` (int64,
+/// `k` coordinates, negative counts from the end of each axis; out of range is an error)
+/// selects the slice `data[batch..., i_1, ..., i_k, ...]` of its batch. The output has shape
+/// `indices.shape[..-1] ++ data.shape[b + k..]`, any element type.
+fn gather_nd(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let b = usize::try_from(info.attr_int("batch_dims", 0)).map_err(|_| info.error("batch_dims must not be negative"))?;
+    kernel(move |ins| {
+        let (data, idx) = (input(ins, 0)?, input(ins, 1)?);
+        let (ds, is) = (data.shape(), idx.shape());
+        let k = is.last().copied().unwrap_or(0);
+        if k == 0 || is.len() <= b || ds.len() < b + k || ds[..b] != is[..b] {
+            return Err(kernel_error(format!("indices of shape {is:?} do not fit data of shape {ds:?} with batch_dims {b}")));
+        }
+        let st = strides(ds);
+        let slice: usize = ds[b + k..].iter().product();
+        let batches: usize = ds[..b].iter().product();
+        let batch_stride = if b == 0 { 0 } else { st[b - 1] };
+        let indices = ints(idx, "indices")?;
+        let per_batch = if batches == 0 { 0 } else { indices.len() / batches };
+        let mut src = Vec::with_capacity(indices.len() / k * slice);
+        for (n, tuple) in indices.chunks(k).enumerate() {
+            let mut base = if per_batch == 0 { 0 } else { n * k / per_batch * batch_stride };
+            for (d, &i) in tuple.iter().enumerate() {
+                let size = ds[b + d] as i64;
+                let j = if i < 0 { i + size } else { i };
+                if j < 0 || j >= size {
+                    return Err(kernel_error(format!("index {i} is out of range for dimension {} of size {size}", b + d)));
+                }
+                base += j as usize * st[b + d];
+            }
+            src.extend(base..base + slice);
+        }
+        let shape: Vec<usize> = is[..is.len() - 1].iter().chain(&ds[b + k..]).copied().collect();
+        Ok(vec![gather_elements(data, &shape, src.into_iter())?])
     })
 }
 

@@ -1,5 +1,6 @@
-//! OneHot and ScatterElements cases the ONNX node tests do not cover: opset 9's negative
-//! indices, float indices, integer and string data, and errors that name the node.
+//! OneHot, ScatterElements, ScatterND and GatherND cases the ONNX node tests do not cover:
+//! opset 9's negative indices, float indices, integer and string data, negative index tuples,
+//! and errors that name the node.
 
 use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor};
 use qforge_runtime::Session;
@@ -115,4 +116,17 @@ fn scatter_nd_errors_name_the_node() {
     // A negative index counts from the end: row -1 is row 1.
     let y = run(&s, vec![("x", x()), ("i", t(&[1, 1], vec![-1i64])), ("u", t(&[1, 3], vec![1f32, 2.0, 3.0]))]).unwrap();
     assert_eq!(y.as_slice::<f32>().unwrap(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
+}
+
+#[test]
+fn gather_nd_selects_slices_per_batch_and_names_the_node_on_errors() {
+    let s = one_node("GatherND", 13, &["x", "i"], vec![("batch_dims", Attr::Int(1))]);
+    let x = || t(&[2, 2, 2], (0..8).map(|v| v as f32).collect());
+    // Batch 0 takes its row 1, batch 1 its row -2 (row 0).
+    let y = run(&s, vec![("x", x()), ("i", t(&[2, 1], vec![1i64, -2]))]).unwrap();
+    assert_eq!((y.shape(), y.as_slice::<f32>().unwrap()), (&[2usize, 2][..], &[2.0f32, 3.0, 4.0, 5.0][..]));
+    let e = run(&s, vec![("x", x()), ("i", t(&[2, 1], vec![2i64, 0]))]).unwrap_err();
+    assert!(e.contains("'the_node'") && e.contains("out of range"), "{e}");
+    let e = run(&s, vec![("x", x()), ("i", t(&[3, 1], vec![0i64; 3]))]).unwrap_err();
+    assert!(e.contains("'the_node'") && e.contains("do not fit"), "{e}");
 }
