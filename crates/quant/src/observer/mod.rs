@@ -187,10 +187,15 @@ impl Observer {
     }
 
     /// The range to quantize, for a target of `levels` integer levels: the extremes, or the
-    /// histogram's range search.
+    /// histogram's range search. A histogram of fewer values than it has bins (a classifier's
+    /// logits, a regression head's one value per sample) gives its extremes: a search over
+    /// mostly empty bins clips on noise.
     pub fn range(&self, levels: usize) -> Option<(f32, f32)> {
         let (min, max) = self.extremes()?;
         let Observer::Histogram { histogram: h, range } = self else { return Some((min, max)) };
+        if h.total() < h.max_bins as u64 {
+            return Some((min, max));
+        }
         let (counts, lo, hi) = h.uniform();
         let bins = search::UniformBins { counts: &counts, min: lo, max: hi };
         let (a, b) = match *range {
@@ -254,5 +259,22 @@ mod tests {
         let max = *sorted.last().unwrap();
         assert_eq!(lo, 0.0);
         assert!(hi >= p99 && hi <= max, "clip {hi} should keep 99 % of the non-zero values (p99 {p99}, max {max})");
+    }
+
+    #[test]
+    fn searches_over_fewer_values_than_bins_keep_the_extremes() {
+        // One regression output per sample, 32 samples: every search method keeps the whole
+        // observed range; with 64 times the values the same data is clipped.
+        let few: Vec<f32> = half_normal(32).iter().map(|v| -0.2 - v).collect();
+        for range in [RangeMethod::Entropy, RangeMethod::Mse, RangeMethod::L2, RangeMethod::Percentile { percentile: 99.0 }] {
+            let mut observer = Observer::new(&ObserverKind::Histogram { bins: 2048, range });
+            observer.observe(&few);
+            assert_eq!(observer.range(256), observer.extremes(), "{range:?}");
+        }
+        let many: Vec<f32> = half_normal(32 * 2048).iter().map(|v| -0.2 - v).collect();
+        let mut observer = Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Percentile { percentile: 99.0 } });
+        observer.observe(&many);
+        let ((lo, _), (min, _)) = (observer.range(256).unwrap(), observer.extremes().unwrap());
+        assert!(lo > min, "{lo} {min}");
     }
 }
