@@ -465,13 +465,13 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                 None => producer_quantized && a.spec(Edge::Input { node: n, index: i }).is_none(),
             }
         }).collect();
-        let requantized = typed_outputs && producer_quantized && gp.points.keys().any(|&(w, t)| w == v && t != qt);
+        let requantized = typed_outputs && producer_quantized && gp.points.range((v, QType::U4)..=(v, QType::S32)).any(|(&(_, t), _)| t != qt);
         if readers.is_empty() && !(producer_quantized && (g.is_output(v) || requantized)) {
             continue;
         }
-        let source = produced.get(&v).copied().filter(|_| typed_outputs).unwrap_or(v);
+        let source = produced.get(&v).copied().unwrap_or(v);
         let d = em.qdq(v, source, qt, p);
-        if producer_quantized {
+        if typed_outputs && producer_quantized {
             produced.insert(v, d);
         }
         em.log.dequantized.push((d, Dequantized::Activation { group: gid, float: v }));

@@ -159,10 +159,10 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             unary(move |x: f32| if x > a { x } else { 0.0 })
         }
         "Gelu" if info.attr_str("approximate", "none") == "tanh" => {
-            unary(|x: f32| 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()))
+            unary(|x: f32| 0.5 * x * (1.0 + super::math::tanh((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x))))
         }
         "Gelu" => unary(|x: f32| 0.5 * x * (1.0 + super::math::erf(x / std::f32::consts::SQRT_2))),
-        "Mish" => unary(|x: f32| x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh()),
+        "Mish" => unary(|x: f32| x * super::math::tanh(if x > 20.0 { x } else { x.exp().ln_1p() })),
         other => Err(info.error(format!("{other} is not a unary float op"))),
     }
 }
