@@ -44,53 +44,73 @@ fn bin_at(x: f32, inv_width: f64) -> i64 {
 /// `first` are then exact in f64.
 const EXACT_GRID_INDEX: i64 = 1 << 50;
 
-/// Adds one count per value of `data` to `counts[floor(x * inv_width) - first]`, the same bins
+/// Grid indices below this magnitude are exact in f32, and so is `floor(x * 2^-exp)` for
+/// `exp <= 0` (scaling up by a power of two neither rounds nor underflows).
+const EXACT_F32_GRID_INDEX: i64 = 1 << 24;
+
+/// Adds one count per value of `data` to `counts[floor(x * 2^-exp) - first]`, the same bins
 /// as [`bin_at`]. Every value must be finite and fall in the grid `counts` covers, whose
 /// indices are at most [`EXACT_GRID_INDEX`] in magnitude. Bin indices are computed a block at a
-/// time (vectorized; AVX2 when the CPU has it) and counted into four interleaved sub-histograms,
-/// so runs of equal values (a ReLU output's zeros) do not serialize on one counter.
-fn count_bins(counts: &mut [u64], data: &[f32], inv_width: f64, first: i64) {
+/// time (vectorized; AVX2 when the CPU has it), in f32 when that is exact (twice the lanes of
+/// f64), and counted into four interleaved sub-histograms, so runs of equal values (a ReLU
+/// output's zeros) do not serialize on one counter.
+fn count_bins(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        unsafe fn count_bins_avx2(counts: &mut [u64], data: &[f32], inv_width: f64, first: i64) {
-            count_bins_lanes(counts, data, inv_width, first)
+        unsafe fn count_bins_avx2(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
+            count_bins_lanes(counts, data, exp, first)
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { count_bins_avx2(counts, data, inv_width, first) };
+            return unsafe { count_bins_avx2(counts, data, exp, first) };
         }
     }
-    count_bins_lanes(counts, data, inv_width, first)
+    count_bins_lanes(counts, data, exp, first)
 }
 
 /// [`count_bins`]' body, written so that the index computation vectorizes for whatever SIMD
-/// width the caller is compiled for.
+/// width the caller is compiled for. The sub-histograms hold u16 counts (half the cache of
+/// u32), flushed into `counts` every [`FLUSH`] values, before any of them can overflow.
 #[inline(always)]
-fn count_bins_lanes(counts: &mut [u64], data: &[f32], inv_width: f64, first: i64) {
+fn count_bins_lanes(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
     const BLOCK: usize = 256;
     const WAYS: usize = 4;
-    let mut sub = vec![0u32; counts.len() * WAYS];
-    let first = first as f64;
+    /// Values per flush: each way counts at most a quarter of them, and u16 holds that.
+    const FLUSH: usize = 1 << 17;
+    let last = first + counts.len() as i64 - 1;
+    let in_f32 = (-126..=0).contains(&exp) && first.abs().max(last.abs()) < EXACT_F32_GRID_INDEX;
+    let mut sub = vec![0u16; counts.len() * WAYS];
+    let (inv_width, first_f64) = (2f64.powi(-exp), first as f64);
+    let (inv_width_f32, first_f32) = (inv_width as f32, first as f32);
     let mut idx = [0u32; BLOCK];
-    for block in data.chunks(BLOCK) {
-        for (i, &x) in idx.iter_mut().zip(block) {
-            // SAFETY: `x` is finite and inside the covered grid, so the difference is an
-            // integer in `[0, counts.len())`, which i32 holds.
-            *i = unsafe { ((x as f64 * inv_width).floor() - first).to_int_unchecked::<i32>() } as u32;
-        }
-        let mut ways = idx[..block.len()].chunks_exact(WAYS);
-        for w in &mut ways {
-            for (k, &i) in w.iter().enumerate() {
+    for part in data.chunks(FLUSH) {
+        for block in part.chunks(BLOCK) {
+            // SAFETY (both loops): `x` is finite and inside the covered grid, so the difference
+            // is an integer in `[0, counts.len())`, which i32 holds.
+            if in_f32 {
+                for (i, &x) in idx.iter_mut().zip(block) {
+                    *i = unsafe { ((x * inv_width_f32).floor() - first_f32).to_int_unchecked::<i32>() } as u32;
+                }
+            } else {
+                for (i, &x) in idx.iter_mut().zip(block) {
+                    *i = unsafe { ((x as f64 * inv_width).floor() - first_f64).to_int_unchecked::<i32>() } as u32;
+                }
+            }
+            let mut ways = idx[..block.len()].chunks_exact(WAYS);
+            for w in &mut ways {
+                for (k, &i) in w.iter().enumerate() {
+                    sub[i as usize * WAYS + k] += 1;
+                }
+            }
+            for (k, &i) in ways.remainder().iter().enumerate() {
                 sub[i as usize * WAYS + k] += 1;
             }
         }
-        for &i in ways.remainder() {
-            sub[i as usize * WAYS] += 1;
+        for (c, s) in counts.iter_mut().zip(sub.chunks_exact_mut(WAYS)) {
+            *c += s.iter().map(|&v| u64::from(v)).sum::<u64>();
+            s.fill(0);
         }
-    }
-    for (c, s) in counts.iter_mut().zip(sub.chunks_exact(WAYS)) {
-        *c += s.iter().map(|&v| u64::from(v)).sum::<u64>();
     }
 }
 
@@ -181,7 +201,7 @@ impl Histogram {
         let last = first + self.counts.len() as i64 - 1;
         let counts = &mut self.counts;
         if nonfinite == 0 && first.abs().max(last.abs()) <= EXACT_GRID_INDEX {
-            count_bins(counts, data, inv_width, first);
+            count_bins(counts, data, self.exp, first);
         } else {
             for &x in data.iter().filter(|x| x.is_finite()) {
                 counts[(bin_at(x, inv_width) - first) as usize] += 1;
@@ -244,22 +264,35 @@ mod tests {
     #[test]
     fn block_counting_puts_every_value_in_its_floor_bin() {
         // Mixed signs, a run of exact zeros (a ReLU output) and a length that is not a multiple
-        // of the block or of the interleave.
+        // of the block or of the interleave; indices in f32 (exp <= 0, small grid) and in f64
+        // (exp > 0, or a grid far from zero whose indices pass 2^24).
         let mut d = data(3001, 11);
         d.extend(std::iter::repeat(0.0).take(1037));
         d.extend(data(5, 3).iter().map(|v| -v));
-        for exp in [-12, -5, 0, 2] {
+        let far: Vec<f32> = d.iter().map(|v| v + 3.0e4).collect();
+        for (d, exp) in [(&d, -12), (&d, -5), (&d, 0), (&d, 2), (&far, -12), (&far, -9)] {
             let lo = d.iter().copied().fold(f32::INFINITY, f32::min);
             let hi = d.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let (first, last) = (bin_of(lo, exp), bin_of(hi, exp));
             let mut want = vec![0u64; (last - first + 1) as usize];
-            for &x in &d {
+            for &x in d {
                 want[((x as f64 / 2f64.powi(exp)).floor() as i64 - first) as usize] += 1;
             }
             let mut got = vec![0u64; want.len()];
-            count_bins(&mut got, &d, 2f64.powi(-exp), first);
+            count_bins(&mut got, d, exp, first);
             assert_eq!(got, want, "exp {exp}");
         }
+    }
+
+    #[test]
+    fn one_bin_counts_past_the_sub_histograms_u16_range() {
+        // 600k equal values, more than four ways of u16 can hold between flushes.
+        let mut d = vec![0.0f32; 600_000];
+        d.extend([1.0, -1.0, 0.5]);
+        // Bins of width 1/2 from -1: [-1, -0.5), [-0.5, 0), [0, 0.5), [0.5, 1), [1, 1.5).
+        let mut got = vec![0u64; 5];
+        count_bins(&mut got, &d, -1, -2);
+        assert_eq!(got, vec![1, 0, 600_000, 1, 1]);
     }
 
     #[test]
