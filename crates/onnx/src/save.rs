@@ -183,7 +183,7 @@ fn value_info(g: &Graph, id: ValueId, names: &[String]) -> proto::ValueInfoProto
     let v = g.value(id).expect("live value");
     proto::ValueInfoProto {
         name: Some(names[id.0 as usize].clone()),
-        r#type: v.ty.as_ref().map(types::to_proto),
+        r#type: v.ty.as_ref().filter(|t| types::is_complete(t)).map(types::to_proto),
         doc_string: opt(&v.doc_string),
         metadata_props: props(&v.metadata_props),
     }

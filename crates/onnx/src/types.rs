@@ -48,6 +48,17 @@ fn shape_proto(s: &Option<Shape>) -> Option<proto::TensorShapeProto> {
     })
 }
 
+/// Whether every tensor in `t` has a known element type. ONNX requires `elem_type` on tensor
+/// types, and ONNX Runtime refuses a model whose value info lacks one ("Invalid tensor data type
+/// 0"), so a value whose type is only partly known is written without a type.
+pub fn is_complete(t: &ValueType) -> bool {
+    match t {
+        ValueType::Tensor { elem, .. } | ValueType::SparseTensor { elem, .. } => elem.is_some(),
+        ValueType::Sequence(e) | ValueType::Optional(e) => e.as_deref().is_some_and(is_complete),
+        ValueType::Map { key, value } => key.is_some() && value.as_deref().is_some_and(is_complete),
+    }
+}
+
 /// The `TypeProto` of an IR type.
 pub fn to_proto(t: &ValueType) -> proto::TypeProto {
     let code = |d: &Option<DType>| d.map(|d| d.onnx_code());
