@@ -243,6 +243,18 @@ impl BackendConfig {
     pub fn dtype_config(&self, name: &str) -> Option<&DTypeConfig> {
         self.dtype_configs.get(name)
     }
+
+    /// The fixed output qparams `(scale, zero point)` the target gives op `op_type` alone at
+    /// `qtype`: the `scale_exact_match` of a single-op pattern's output (Sigmoid, Softmax, Tanh:
+    /// outputs bounded by the op's definition). `None` when no such pattern fixes them.
+    pub fn fixed_output(&self, op_type: &str, qtype: QType) -> Option<(f32, i64)> {
+        self.patterns_for(op_type).into_iter().filter(|p| p.pattern.size() == 1)
+            .flat_map(|p| p.dtype_configs.iter().filter_map(|d| self.dtype_config(d)?.output.as_ref()))
+            .find_map(|o| match (o.dtype.qtype(), o.scale_exact_match) {
+                (Some(q), Some(scale)) if q == qtype => Some((scale, o.zero_point_exact_match.unwrap_or(0))),
+                _ => None,
+            })
+    }
 }
 
 #[cfg(test)]

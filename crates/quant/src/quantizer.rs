@@ -273,7 +273,45 @@ impl Quantizer for ConfigQuantizer {
             }
         }
         drop_isolated_units(g, &order, &mut out);
+        fix_bounded_float_outputs(g, &self.backend, &mut out);
         out
+    }
+}
+
+/// A quantized input whose value a float node produces takes the target's fixed qparams for
+/// that producer's op (Softmax, Sigmoid, Tanh: outputs bounded by the op's definition), looking
+/// through float data movement (the target's shared-observer ops, except multi-input Concat).
+/// The op's own output would get them if it were quantized; and ONNX Runtime fuses
+/// DQ -> Softmax -> Q into its QLinearSoftmax even where qforge keeps Softmax float, a kernel
+/// built for those qparams.
+fn fix_bounded_float_outputs(g: &Graph, backend: &BackendConfig, a: &mut Annotations) {
+    let nodes: Vec<NodeId> = a.nodes.keys().copied().collect();
+    for n in nodes {
+        let Ok(node) = g.node(n) else { continue };
+        let quantized: Vec<(usize, crate::spec::QuantizationSpec)> = a.nodes[&n].inputs.iter().enumerate()
+            .filter_map(|(i, s)| match s { Some(Spec::Quantize(q)) => Some((i, q.clone())), _ => None }).collect();
+        for (i, q) in quantized {
+            let Some(op) = node.input(i).and_then(|v| float_producer_through_data_movement(g, a, backend, v)) else { continue };
+            if let Some((scale, zero_point)) = backend.fixed_output(op, q.scheme.qtype) {
+                a.nodes.get_mut(&n).expect("listed").set_input(i, Spec::Fixed(FixedQParams { scheme: q.scheme, scale, zero_point }));
+            }
+        }
+    }
+}
+
+/// The op type of the float node that computes `v`, past float single-input data movement.
+fn float_producer_through_data_movement<'g>(g: &'g Graph, a: &Annotations, backend: &BackendConfig, mut v: ValueId) -> Option<&'g str> {
+    let moves = |op: &str| op != "Concat" && backend.patterns_for(op).iter().any(|p| p.pattern.size() == 1 && p.observation == ObservationType::OutputShareObserverWithInput);
+    loop {
+        let (p, _) = g.producer(v)?;
+        if a.get(p).is_some() {
+            return None;
+        }
+        let node = g.node(p).ok()?;
+        if !moves(&node.op_type) {
+            return Some(&node.op_type);
+        }
+        v = node.input(0)?;
     }
 }
 

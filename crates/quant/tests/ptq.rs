@@ -247,6 +247,47 @@ fn a_reader_of_another_type_quantizes_the_float_value_on_ort() {
     assert_eq!(readers(&q, "conv_b_out"), ["QuantizeLinear"]);
 }
 
+/// Attention over short rows: Score MatMul -> Softmax (float by default) -> MatMul. Both of the
+/// Softmax's neighbours are quantized, so ONNX Runtime fuses DQ -> Softmax -> Q into its
+/// QLinearSoftmax; the probabilities therefore take the ort target's fixed Softmax qparams
+/// (1/256 from 0), with which that kernel is exact. With the observed range of these flat rows
+/// (probabilities up to ~0.2, a scale near 1/1300) the kernel's float lookup overflows and
+/// ONNX Runtime's output is garbage.
+#[test]
+fn probabilities_of_a_float_softmax_between_quantized_nodes_take_its_fixed_qparams() {
+    let mut g = Graph::new("g");
+    let q_in = input(&mut g, "q", &[1, 2, 8, 16]);
+    let k_in = input(&mut g, "k", &[1, 2, 16, 6]);
+    let v_in = input(&mut g, "v", &[1, 2, 6, 16]);
+    let s = op(&mut g, "MatMul", "score", &[q_in, k_in]);
+    let p = op(&mut g, "Softmax", "softmax", &[s]);
+    let id = op(&mut g, "Identity", "prob", &[p]);
+    let y = op(&mut g, "MatMul", "attend", &[id, v_in]);
+    g.set_outputs(vec![y]).unwrap();
+    let m = model(g, 13);
+    let feed = |seed: u64| -> Vec<(String, Tensor)> {
+        [("q", [1, 2, 8, 16], 0.1f32), ("k", [1, 2, 16, 6], 1.0), ("v", [1, 2, 6, 16], 1.0)].iter().enumerate()
+            .map(|(i, (name, shape, r))| (name.to_string(), Tensor::from_vec(shape, noise(seed * 3 + i as u64, shape.iter().product(), -r, *r)).unwrap()))
+            .collect()
+    };
+    let samples: Vec<_> = (1..5).map(feed).collect();
+    let backend = BackendConfig::load("ort").unwrap();
+    let quantizer = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let (q, report) = quantize(&m, &quantizer, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let prob = report.activations.iter().find(|a| a.value == "prob_out").expect("the probabilities are quantized for the MatMul");
+    assert!(prob.fixed && prob.scale == 1.0 / 256.0 && prob.zero_point == 0, "{prob:?}");
+    assert!(report.activations.iter().any(|a| a.value == "score_out"), "the scores reach the Softmax quantized");
+
+    let tmp = TempDir::new("ptq_softmax");
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let test = samples[0].clone();
+    let want = qforge_runtime::Session::new(&m).unwrap().run(test.clone()).unwrap();
+    let got = ort_run_with(&path, &test, 1, true);
+    let (worst, ok) = compare(&got[0].1, &want[0].1, 0.0, 0.05);
+    assert!(ok, "ONNX Runtime's fused output is {worst} from float");
+}
+
 /// The xnnpack target (PyTorch's XNNPACK quantizer constraints): int8 asymmetric activations,
 /// int8 symmetric weights on the narrow range [-127, 127], every scale at least 2^-12, and
 /// ONNX Runtime runs the result with qforge's outputs within one activation step.
