@@ -154,10 +154,33 @@ enum QConfigEntry {
     Inline(QConfig),
 }
 
+impl QConfig {
+    /// Why the config asks for something qforge cannot give, or `None`. Activations are
+    /// observed per tensor (the integer kernels of ONNX Runtime, TensorRT and QNN take one
+    /// activation scale per tensor); weights take their range from their data (each channel's
+    /// extremes, or `--weight-range mse`), not from an observer.
+    pub fn unsupported(&self) -> Option<String> {
+        if let Some(a) = &self.activation {
+            if a.per_channel || a.block_size.is_some() {
+                return Some("activation: per_channel and block_size apply to weights; activations are quantized per tensor".into());
+            }
+        }
+        if let Some(w) = &self.weight {
+            if w.observer != ObserverName::Minmax || w.range != RangeName::Minmax || w.percentile.is_some() || w.bins.is_some() || w.averaging_constant.is_some() {
+                return Some("weight: observer, range, percentile, bins and averaging_constant apply to activations; a weight's range comes from its data (per channel, or --weight-range mse)".into());
+            }
+        }
+        None
+    }
+}
+
 impl QConfigEntry {
     fn resolve(self, context: &str) -> Result<Option<QConfig>, String> {
         match self {
-            QConfigEntry::Inline(q) => Ok(Some(q)),
+            QConfigEntry::Inline(q) => match q.unsupported() {
+                Some(why) => Err(format!("{context}: {why}")),
+                None => Ok(Some(q)),
+            },
             QConfigEntry::Named { qconfig } if qconfig == "none" => Ok(None),
             QConfigEntry::Named { qconfig } => Err(format!("{context}: qconfig '{qconfig}' is not known (use \"none\" or an inline table)")),
         }
@@ -446,6 +469,16 @@ mod tests {
         assert!(e.contains("[[scope_regex]] #1"), "{e}");
         let e = QConfigMapping::from_toml("[global]\nactivation = { dtype = 'u9' }").unwrap_err();
         assert!(e.contains("[global]"), "{e}");
+    }
+
+    #[test]
+    fn settings_that_would_be_ignored_are_refused() {
+        let e = QConfigMapping::from_toml("[global]\nactivation = { dtype = 'u8', per_channel = true }").unwrap_err();
+        assert!(e.contains("[global]") && e.contains("per tensor"), "{e}");
+        let e = QConfigMapping::from_toml("[[name]]\nname = 'conv'\nweight = { dtype = 's8', observer = 'histogram', range = 'mse' }").unwrap_err();
+        assert!(e.contains("[[name]] #1") && e.contains("weight-range"), "{e}");
+        let ok = "[global]\nactivation = { dtype = 'u8', observer = 'moving_average' }\nweight = { dtype = 's8', symmetric = true, per_channel = true }";
+        assert!(QConfigMapping::from_toml(ok).is_ok());
     }
 
     #[test]
