@@ -339,6 +339,21 @@ impl Graph {
         Ok(())
     }
 
+    /// Turns every graph input that carries a default (an initializer also listed as an input)
+    /// into a constant initializer, dropping it from the input list. Returns the values turned.
+    pub fn make_input_defaults_constant(&mut self) -> Vec<ValueId> {
+        let turned: Vec<ValueId> = self.inputs.iter().copied()
+            .filter(|v| self.values[v.0 as usize].as_ref().is_some_and(|x| x.initializer.is_some()))
+            .collect();
+        for v in &turned {
+            if let Some(x) = self.values[v.0 as usize].as_mut() {
+                x.kind = ValueKind::Initializer;
+            }
+        }
+        self.inputs.retain(|v| !turned.contains(v));
+        turned
+    }
+
     pub fn set_outputs(&mut self, outputs: Vec<ValueId>) -> IrResult<()> {
         for v in &outputs {
             self.value(*v)?;

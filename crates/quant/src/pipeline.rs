@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
-use crate::passes::{fold_affine, fold_constant_scales, fold_constants, localize_captured_weights};
+use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
 use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
@@ -155,12 +155,25 @@ fn stage<E: std::fmt::Display>(stage: &'static str) -> impl Fn(E) -> QuantizeErr
     move |e| QuantizeError::Stage { stage, reason: e.to_string() }
 }
 
-/// The fusion passes, before annotation: `localize_captured_weights` (every subgraph, at any
-/// depth), then on every graph (main graph first) `fold_constants`,
-/// `fold_constant_scales` and `fold_affine`. Returns the number of affine nodes folded into
-/// weights. Tools that compare a quantized model with its float original apply the same passes
-/// to the float model, so folded tensors carry the same names.
-pub fn fuse(m: &mut Model) -> Result<usize, String> {
+/// What [`fuse`] changed.
+#[derive(Debug, Clone, Default)]
+pub struct Fused {
+    /// BatchNormalization and constant affine nodes folded into weights.
+    pub affine_folded: usize,
+    /// Graph inputs with an initializer now treated as constants ([`constant_input_defaults`]).
+    pub constant_inputs: Vec<String>,
+}
+
+/// The fusion passes, before annotation: `constant_input_defaults` (main graph),
+/// `localize_captured_weights` (every subgraph, at any depth), then on every graph (main graph
+/// first) `fold_constants`, `fold_constant_scales` and `fold_affine`. Tools that compare a
+/// quantized model with its float original apply the same passes to the float model, so folded
+/// tensors carry the same names.
+pub fn fuse(m: &mut Model) -> Result<Fused, String> {
+    let constant_inputs = constant_input_defaults(&mut m.graph);
+    if !constant_inputs.is_empty() {
+        m.graph.check().map_err(|e| format!("constant_input_defaults: {e}"))?;
+    }
     if localize_captured_weights(&mut m.graph).map_err(|e| format!("localize_captured_weights: {e}"))? > 0 {
         m.graph.check().map_err(|e| format!("localize_captured_weights: {e}"))?;
     }
@@ -173,7 +186,7 @@ pub fn fuse(m: &mut Model) -> Result<usize, String> {
         fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
         folded += fold_affine(g).map_err(|e| format!("fold_affine: {e}"))?;
     }
-    Ok(folded)
+    Ok(Fused { affine_folded: folded, constant_inputs })
 }
 
 /// Fuses a copy of `model` ([`fuse`]; a model already quantized is refused), annotates it
@@ -187,7 +200,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     already_quantized(model)?;
     let started = Instant::now();
     let mut m = model.clone();
-    let folded = fuse(&mut m).map_err(stage("fuse"))?;
+    let fused = fuse(&mut m).map_err(stage("fuse"))?;
     let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     for p in &paths {
         quantizer.transform_for_annotation(m.graph.graph_at_mut(p).expect("path from graphs()"));
@@ -208,7 +221,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let violations = |annotated: &[Annotations]| -> Vec<ViolationRecord> {
         all.iter().zip(annotated).zip(&graph_names).flat_map(|(((_, g), a), gname)| quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v))).collect()
     };
-    let mut report = Report { samples: samples.len(), affine_folded: folded, violations: violations(&annotated), ..Default::default() };
+    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, constant_inputs: fused.constant_inputs, violations: violations(&annotated), ..Default::default() };
     if opts.strict && !report.violations.is_empty() {
         return Err(QuantizeError::Violations(report.violations));
     }

@@ -97,6 +97,9 @@ pub struct Report {
     pub samples: usize,
     /// BatchNormalization and constant Mul/Add/Sub/Div nodes folded into weights.
     pub affine_folded: usize,
+    /// Graph inputs with an initializer (every weight, in ONNX IR 3 models) quantized as
+    /// constants; the output no longer lists them as inputs.
+    pub constant_inputs: Vec<String>,
     /// Default-domain opset before and after.
     pub opset: (i64, i64),
     pub calibration_seconds: f64,
@@ -413,6 +416,9 @@ impl Report {
         }
         for v in &self.violations {
             let _ = writeln!(s, "warning: {v}");
+        }
+        if let Some(first) = self.constant_inputs.first() {
+            let _ = writeln!(s, "note: {} initializer(s) listed as graph inputs (ONNX IR 3 lists every weight so) are quantized as constants and no longer inputs (first: '{first}')", self.constant_inputs.len());
         }
         for (w, c) in &self.bias_adjusted {
             let _ = writeln!(s, "note: weight '{w}': scale enlarged on {c} channel(s) so the int32 bias does not overflow");

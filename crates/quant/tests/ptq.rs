@@ -111,6 +111,44 @@ fn conv_bn_relu_is_one_unit_with_per_channel_weights_and_int32_bias() {
     assert_eq!((rec.scale, rec.zero_point), (want.scale, want.zero_point));
 }
 
+/// Conv + BatchNormalization whose weight, bias and statistics are also graph inputs, as ONNX IR
+/// version 3 required of every initializer: they are quantized as constants (BatchNormalization
+/// folds, the weight is stored as int8), the report names them, the output lists only `x` as
+/// an input, and its bytes equal those of the same model with plain initializers.
+#[test]
+fn initializers_listed_as_inputs_are_quantized_as_constants() {
+    let build = |as_inputs: bool| {
+        let mut g = Graph::new("g");
+        let x = input(&mut g, "x", &[1, 3, 8, 8]);
+        let mut constant = |g: &mut Graph, name: &str, t: Tensor| {
+            if as_inputs {
+                let v = g.add_input(name, None).unwrap();
+                g.set_initializer(v, t).unwrap();
+                v
+            } else {
+                g.add_initializer(name, t).unwrap()
+            }
+        };
+        let w = constant(&mut g, "w", Tensor::from_vec(&[4, 3, 3, 3], noise(1, 108, -0.5, 0.5)).unwrap());
+        let b = constant(&mut g, "b", Tensor::from_vec(&[4], noise(2, 4, -0.5, 0.5)).unwrap());
+        let bn: Vec<ValueId> = ["scale", "shift", "mean", "var"].iter().enumerate()
+            .map(|(i, n)| constant(&mut g, n, Tensor::from_vec(&[4], vec![0.5 + i as f32 * 0.25; 4]).unwrap())).collect();
+        let c = op(&mut g, "Conv", "conv", &[x, w, b]);
+        let y = op(&mut g, "BatchNormalization", "bn", &[c, bn[0], bn[1], bn[2], bn[3]]);
+        g.set_outputs(vec![y]).unwrap();
+        run(&model(g, 13), "ort", &[("x", &[1, 3, 8, 8])])
+    };
+    let (q, report) = build(true);
+    assert_eq!(report.constant_inputs, ["w", "b", "scale", "shift", "mean", "var"]);
+    assert_eq!(report.affine_folded, 1);
+    assert_eq!(producer_of_input(&q, "conv", 1), "DequantizeLinear", "weight stored quantized");
+    assert!(report.constants.iter().any(|c| c.dtype == "s8"), "an int8 weight");
+    assert_eq!(q.graph.inputs().iter().map(|&v| q.graph.value_name(v)).collect::<Vec<_>>(), ["x"]);
+    let (plain, plain_report) = build(false);
+    assert!(plain_report.constant_inputs.is_empty());
+    assert_eq!(qforge_onnx::to_bytes(&q).unwrap(), qforge_onnx::to_bytes(&plain).unwrap());
+}
+
 #[test]
 fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     let mut g = Graph::new("g");

@@ -2,11 +2,13 @@
 //! passes `Graph::check`. Constant folding and the lowering to integer operators live in the
 //! runtime, whose sessions apply them to QDQ models, and are re-exported here.
 
+mod constant_input_defaults;
 mod fold_affine;
 mod fold_constant_scales;
 mod localize_captured_weights;
 mod upgrade_opset;
 
+pub use constant_input_defaults::constant_input_defaults;
 pub use fold_affine::fold_affine;
 pub use fold_constant_scales::fold_constant_scales;
 pub use localize_captured_weights::localize_captured_weights;
