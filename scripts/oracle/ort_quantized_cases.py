@@ -4,8 +4,9 @@ or whose outputs differ from the float model's in type or shape.
 
     python scripts/oracle/ort_quantized_cases.py CASES.json
 
-CASES.json: a list of {"name", "float", "quantized", "data"}: two model paths and the node
-test's directory, whose test_data_set_*/input_<i>.pb files feed the graph inputs in order.
+CASES.json: a list of {"name", "float", "quantized"} with either "data", a node test's
+directory whose test_data_set_*/input_<i>.pb files feed the graph inputs in order, or "feeds",
+a list of {input name: .npy path} (one feed each).
 Prints {"checked": N, "float_refused": [names], "failures": [[name, reason]], "worst": [[name,
 max |q - f| / max |f| over the float outputs]], largest first} as JSON. A case whose float model ONNX Runtime cannot load or run is
 not a quantizer failure and is only listed.
@@ -54,7 +55,10 @@ def main():
     for c in cases:
         try:
             sf = session(c["float"])
-            sets = feeds(c["float"], c["data"])
+            if "feeds" in c:
+                sets = [{k: np.load(v) for k, v in f.items()} for f in c["feeds"]]
+            else:
+                sets = feeds(c["float"], c["data"])
             float_outs = [sf.run(None, feed) for feed in sets]
         except Exception:
             result["float_refused"].append(c["name"])

@@ -6,7 +6,9 @@
 //!   float model's types and shapes and are within 5 % of the float output's largest magnitude.
 //!
 //! The node tests cover one operator each, with every attribute and type variation the ONNX
-//! suite has, so this is the widest sweep of graph shapes quantize meets.
+//! suite has, so this is the widest sweep of graph shapes quantize meets. The ONNX "light"
+//! model zoo (IR version 3 models whose every weight is also a graph input) goes through the
+//! same check on random inputs.
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +17,7 @@ use qforge_quant::backend::BackendConfig;
 use qforge_quant::pipeline::{quantize, QuantizeError, QuantizeOptions};
 use qforge_quant::qconfig::RangeName;
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
-use qforge_testkit::{cache, oracle, repo, TempDir};
+use qforge_testkit::{cache, light_models, make_inputs, oracle, repo, TempDir};
 
 /// The samples of a node test: one per `test_data_set_*`, its `input_<i>.pb` files feeding the
 /// graph inputs in order.
@@ -88,4 +90,36 @@ fn every_runtime_node_test_quantizes_and_runs_in_onnx_runtime() {
     assert!(off.is_empty(), "quantized node tests whose outputs in ONNX Runtime are more than 5 % off float: {off:?}");
     let checked = r["checked"].as_u64().unwrap() as usize;
     assert!(checked * 10 >= cases.len() * 8, "ONNX Runtime ran only {checked} of the {} quantized node tests", cases.len());
+}
+
+#[test]
+fn every_light_zoo_model_quantizes_and_runs_in_onnx_runtime() {
+    let backend = BackendConfig::load("ort").unwrap();
+    let quantizer = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let out = TempDir::new("light-quantize");
+    let mut cases = vec![];
+    for m in light_models() {
+        let model = qforge_onnx::load(&m.path).unwrap();
+        let samples: Vec<_> = (0..3).map(|seed| make_inputs(&model.graph, &m, seed)).collect();
+        let (q, report) = quantize(&model, &quantizer, &samples, &QuantizeOptions::default(), &mut |_, _| {})
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        assert!(!report.constants.is_empty(), "{}: no weight stored quantized ({} initializers were inputs)", m.name, report.constant_inputs.len());
+        let path = out.path().join(format!("{}.onnx", m.name));
+        qforge_onnx::save(&q, &path).unwrap();
+        let mut feed = serde_json::Map::new();
+        for (i, (name, t)) in samples[0].iter().enumerate() {
+            let f = out.path().join(format!("{}_{i}.npy", m.name));
+            qforge_data::write_npy(&f, t).unwrap();
+            feed.insert(name.clone(), serde_json::json!(f));
+        }
+        cases.push(serde_json::json!({"name": m.name, "float": m.path, "quantized": path, "feeds": [feed]}));
+    }
+    let manifest = out.path().join("cases.json");
+    std::fs::write(&manifest, serde_json::to_vec(&cases).unwrap()).unwrap();
+    let o = oracle("ort_quantized_cases.py", &[manifest.as_os_str()]);
+    assert!(o.status.success(), "oracle failed: {}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let failures = r["failures"].as_array().unwrap();
+    assert!(failures.is_empty(), "quantized light-zoo models fail in ONNX Runtime: {failures:?}");
+    assert_eq!(r["checked"].as_u64().unwrap() as usize, cases.len(), "ONNX Runtime runs every float light-zoo model: {}", r["float_refused"]);
 }
