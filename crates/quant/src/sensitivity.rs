@@ -610,6 +610,16 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     let started = Instant::now();
     let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
     progress(BudgetProgress::Calibrated { samples: samples.len() });
+    if units(&c).is_empty() {
+        // Nothing is quantized, so the outputs are the float model's: the budget holds.
+        let outcome = BudgetOutcome {
+            metric: budget.metric.clone(), max_error: budget.max_error, error_all_quantized: 0.0, error_final: 0.0, met: true,
+            units: 0, units_float: 0, decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
+        };
+        let (m, mut report) = convert(c)?;
+        report.accuracy_budget = Some(outcome);
+        return Ok((m, report));
+    }
     let (analysis, units, board) = analyze_with_board(&c, samples, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
     let mut float_outputs = vec![];
     for i in 0..samples.len() {

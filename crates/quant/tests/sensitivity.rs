@@ -140,3 +140,20 @@ fn the_budget_is_met_with_few_float_units() {
     let ort_db = 10.0 * (xx / ee).log10();
     assert!(ort_db >= target_db - 0.01, "ONNX Runtime gives {ort_db} dB for a budget of {target_db} dB");
 }
+
+/// A model with nothing to quantize (one Transpose, which stays float alone) meets any budget:
+/// its output is the float model's, and the run writes it instead of failing.
+#[test]
+fn a_budget_over_a_model_with_nothing_quantized_is_met() {
+    let mut g = Graph::new("transpose");
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[8, 16]))).unwrap();
+    let y = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("Transpose", "t").with_inputs([x]).with_outputs([y])).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    let model = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
+    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(2), &QuantizeOptions::default(), &Budget::min_sqnr(60.0), &mut |_| {}).unwrap();
+    let b = report.accuracy_budget.as_ref().unwrap();
+    assert!(b.met && b.units == 0 && b.error_final == 0.0);
+    assert!(report.activations.is_empty());
+    assert_eq!(q.graph.nodes().count(), 1);
+}
