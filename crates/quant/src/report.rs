@@ -395,6 +395,12 @@ impl Report {
     }
 
     /// A summary for people: counts, float nodes grouped by op and reason, warnings.
+    /// What happened to initializers listed as graph inputs, when there were any.
+    pub fn constant_inputs_note(&self) -> Option<String> {
+        let first = self.constant_inputs.first()?;
+        Some(format!("{} initializer(s) listed as graph inputs (ONNX IR 3 lists every weight so) are quantized as constants and no longer inputs (first: '{first}')", self.constant_inputs.len()))
+    }
+
     pub fn summary(&self) -> String {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
@@ -417,8 +423,8 @@ impl Report {
         for v in &self.violations {
             let _ = writeln!(s, "warning: {v}");
         }
-        if let Some(first) = self.constant_inputs.first() {
-            let _ = writeln!(s, "note: {} initializer(s) listed as graph inputs (ONNX IR 3 lists every weight so) are quantized as constants and no longer inputs (first: '{first}')", self.constant_inputs.len());
+        if let Some(note) = self.constant_inputs_note() {
+            let _ = writeln!(s, "note: {note}");
         }
         for (w, c) in &self.bias_adjusted {
             let _ = writeln!(s, "note: weight '{w}': scale enlarged on {c} channel(s) so the int32 bias does not overflow");
