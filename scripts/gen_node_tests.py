@@ -1,15 +1,20 @@
 """Writes the ONNX backend node tests (the operator conformance suite of the `onnx` package)
-in the standard layout: OUT/<test>/model.onnx and OUT/<test>/test_data_set_<i>/{input,output}_<j>.pb.
+in the standard layout: OUT/<test>/model.onnx and OUT/<test>/test_data_set_<i>/{input,output}_<j>.pb,
+and copies beside them the small model tests the `onnx` wheel ships in that layout
+(`pytorch-converted`: PyTorch modules such as Conv1d/Conv3d/GLU/PReLU exported at old opsets,
+`pytorch-operator`, `simple`).
 
     python scripts/gen_node_tests.py OUT
 
 (`backend-test-tools generate-data` of onnx 1.23 writes only the model tests, not these.)
 """
 import os
+import shutil
 import sys
 import warnings
 
 import numpy as np
+import onnx
 from onnx import TensorProto, numpy_helper
 from onnx.backend.test.case import node as node_cases
 
@@ -42,4 +47,10 @@ for case in node_cases.collect_testcases(None):
                 with open(os.path.join(ds, f"{prefix}_{j}.pb"), "wb") as f:
                     f.write(proto.SerializeToString())
     written += 1
+data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+for suite in ("pytorch-converted", "pytorch-operator", "simple"):
+    for name in sorted(os.listdir(os.path.join(data, suite))):
+        if not os.path.exists(os.path.join(out, name)):
+            shutil.copytree(os.path.join(data, suite, name), os.path.join(out, name))
+            written += 1
 print(f"setup: {written} node tests in {out}")

