@@ -10,7 +10,7 @@ use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 /// Float ops of one input computed element by element: each output element depends only on
 /// the input element at its position and on the node's attributes.
 const UNARY_FLOAT: &[&str] = &["Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos",
-    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish"];
+    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish", "Shrink"];
 
 /// Ops of one input computed element by element on signed and float types, with the first
 /// opset of each.
@@ -163,6 +163,10 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         "Gelu" => unary(|x: f32| 0.5 * x * (1.0 + super::math::erf(x / std::f32::consts::SQRT_2))),
         "Mish" => unary(|x: f32| x * super::math::tanh(if x > 20.0 { x } else { x.exp().ln_1p() })),
+        "Shrink" => {
+            let (lambd, bias) = (info.attr_float("lambd", 0.5), info.attr_float("bias", 0.0));
+            unary(move |x: f32| if x < -lambd { x + bias } else if x > lambd { x - bias } else { 0.0 })
+        }
         other => Err(info.error(format!("{other} is not a unary float op"))),
     }
 }
