@@ -118,7 +118,7 @@ pub struct QuantizerArgs {
     /// Input channels per weight block for block-wise 4-bit weights (16a4w-block; default 64).
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// Activation range: minmax, percentile, entropy, l2 or mse.
+    /// Activation range: minmax, auto (min/max unless the mse clip cuts the quantization error 3x), percentile, entropy, l2 or mse.
     #[arg(long, default_value = "minmax")]
     pub method: String,
     /// One weight scale per output channel (default).
@@ -147,7 +147,8 @@ fn method(name: &str) -> Result<RangeName> {
         "entropy" => RangeName::Entropy,
         "l2" => RangeName::L2,
         "mse" => RangeName::Mse,
-        other => bail!("--method '{other}' is not known; use minmax, percentile, entropy, l2 or mse"),
+        "auto" => RangeName::Auto,
+        other => bail!("--method '{other}' is not known; use minmax, auto, percentile, entropy, l2 or mse"),
     })
 }
 

@@ -33,6 +33,10 @@ pub enum RangeMethod {
     L2,
     /// The range minimizing the squared quantization error.
     Mse,
+    /// The observed extremes, unless the [`RangeMethod::Mse`] range cuts the squared
+    /// quantization error at least `gain` times: the clip only where it pays off, min/max
+    /// elsewhere (a clipped range risks values beyond the calibration data's).
+    Auto { gain: f64 },
 }
 
 /// The statistic collected during calibration for a spec.

@@ -203,6 +203,10 @@ impl Observer {
             RangeMethod::Percentile { percentile } => search::percentile_range(&bins, percentile),
             RangeMethod::L2 => search::l2_search(&bins, levels),
             RangeMethod::Mse => search::mse_search(&bins, levels, 100),
+            RangeMethod::Auto { gain } => match search::mse_search_with_gain(&bins, levels, 100) {
+                (range, g) if g >= gain => range,
+                _ => return Some((min, max)),
+            },
             RangeMethod::Entropy => {
                 let (mut sym, t) = search::symmetric_bins(h);
                 search::flatten_zero_bin(&mut sym);
@@ -259,6 +263,30 @@ mod tests {
         let max = *sorted.last().unwrap();
         assert_eq!(lo, 0.0);
         assert!(hi >= p99 && hi <= max, "clip {hi} should keep 99 % of the non-zero values (p99 {p99}, max {max})");
+    }
+
+    #[test]
+    fn auto_clips_only_where_the_clip_cuts_the_error_enough() {
+        let auto = ObserverKind::Histogram { bins: 2048, range: RangeMethod::Auto { gain: 3.0 } };
+        // Half-normal bulk: the MSE clip gains little, so the extremes stay.
+        let bulk = half_normal(3_000_000);
+        let mut o = Observer::new(&auto);
+        o.observe(&bulk);
+        assert_eq!(o.range(256), o.extremes());
+        let mut mse = Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Mse });
+        mse.observe(&bulk);
+        assert_ne!(mse.range(256), mse.extremes(), "mse itself clips the bulk a little");
+        // The same bulk and one value 150 times further out. Over [0, 800] every bulk value
+        // rounds with a step of ~3 (about 3e6 * 3.1^2 / 12 ~ 2.5e6 of squared error); halving
+        // the range cuts that 4x for ~1.6e5 on the one value, so auto takes mse's range.
+        let mut wide = bulk.clone();
+        wide.push(800.0);
+        let (mut o, mut m) = (Observer::new(&auto), Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Mse }));
+        o.observe(&wide);
+        m.observe(&wide);
+        let (_, hi) = o.range(256).unwrap();
+        assert!(hi < 400.0, "auto kept the far value: hi = {hi}");
+        assert_eq!(o.range(256), m.range(256));
     }
 
     #[test]

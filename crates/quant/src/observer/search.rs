@@ -242,10 +242,17 @@ fn kl_divergence(p: &[f64], q: &[f64]) -> f64 {
 /// observed range `[min, max]` towards zero in `steps` equal steps, the two ends independently
 /// scaled by the same factor (so the zero point stays where the full range puts it).
 pub fn mse_search(h: &UniformBins, levels: usize, steps: usize) -> (f64, f64) {
+    mse_search_with_gain(h, levels, steps).0
+}
+
+/// [`mse_search`]'s range with its gain: the error over the whole range divided by the error
+/// over the chosen one (1 when it keeps the whole range; infinite when the chosen range has no
+/// error).
+pub fn mse_search_with_gain(h: &UniformBins, levels: usize, steps: usize) -> ((f64, f64), f64) {
     let lo0 = h.min.min(0.0);
     let hi0 = h.max.max(0.0);
     if h.counts.is_empty() || hi0 <= lo0 || levels < 2 {
-        return (h.min, h.max);
+        return ((h.min, h.max), 1.0);
     }
     let width = (h.max - h.min) / h.counts.len() as f64;
     let error = |lo: f64, hi: f64| -> f64 {
@@ -256,7 +263,8 @@ pub fn mse_search(h: &UniformBins, levels: usize, steps: usize) -> (f64, f64) {
             c * (x - q) * (x - q)
         }).sum()
     };
-    let mut best = (error(lo0, hi0), (lo0, hi0));
+    let full = error(lo0, hi0);
+    let mut best = (full, (lo0, hi0));
     for k in 1..steps {
         let f = 1.0 - k as f64 / steps as f64;
         let e = error(lo0 * f, hi0 * f);
@@ -264,7 +272,8 @@ pub fn mse_search(h: &UniformBins, levels: usize, steps: usize) -> (f64, f64) {
             best = (e, (lo0 * f, hi0 * f));
         }
     }
-    best.1
+    let gain = if best.0 > 0.0 { full / best.0 } else if full > 0.0 { f64::INFINITY } else { 1.0 };
+    (best.1, gain)
 }
 
 #[cfg(test)]
