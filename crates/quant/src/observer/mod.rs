@@ -277,8 +277,8 @@ mod tests {
         mse.observe(&bulk);
         assert_ne!(mse.range(256), mse.extremes(), "mse itself clips the bulk a little");
         // The same bulk and one value 150 times further out. Over [0, 800] every bulk value
-        // rounds with a step of ~3 (about 3e6 * 3.1^2 / 12 ~ 2.5e6 of squared error); halving
-        // the range cuts that 4x for ~1.6e5 on the one value, so auto takes mse's range.
+        // rounds with a step of ~3 (about 3e6 * 3.1^2 / 12 ~ 2.5e6 of squared error); a range
+        // near [0, 250] cuts that about 10x for ~3e5 on the one value, so auto takes mse's range.
         let mut wide = bulk.clone();
         wide.push(800.0);
         let (mut o, mut m) = (Observer::new(&auto), Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Mse }));
