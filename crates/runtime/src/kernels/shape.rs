@@ -588,20 +588,29 @@ fn gather_nd(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let per_batch = if batches == 0 { 0 } else { indices.len() / batches };
         let mut src = Vec::with_capacity(indices.len() / k * slice);
         for (n, tuple) in indices.chunks(k).enumerate() {
-            let mut base = if per_batch == 0 { 0 } else { n * k / per_batch * batch_stride };
-            for (d, &i) in tuple.iter().enumerate() {
-                let size = ds[b + d] as i64;
-                let j = if i < 0 { i + size } else { i };
-                if j < 0 || j >= size {
-                    return Err(kernel_error(format!("index {i} is out of range for dimension {} of size {size}", b + d)));
-                }
-                base += j as usize * st[b + d];
-            }
+            let base = if per_batch == 0 { 0 } else { n * k / per_batch * batch_stride };
+            let base = base + tuple_offset(tuple, ds, &st, b)?;
             src.extend(base..base + slice);
         }
         let shape: Vec<usize> = is[..is.len() - 1].iter().chain(&ds[b + k..]).copied().collect();
         Ok(vec![gather_elements(data, &shape, src.into_iter())?])
     })
+}
+
+/// The flat offset (with strides `st` of shape `ds`) of the index tuple `tuple` addressing
+/// dimensions `first..first + tuple.len()`; negative indices count from the end of their axis,
+/// and an index out of range is an error (`GatherND`, `ScatterND`).
+fn tuple_offset(tuple: &[i64], ds: &[usize], st: &[usize], first: usize) -> RuntimeResult<usize> {
+    let mut base = 0;
+    for (d, &i) in (first..).zip(tuple) {
+        let size = ds[d] as i64;
+        let j = if i < 0 { i + size } else { i };
+        if j < 0 || j >= size {
+            return Err(kernel_error(format!("index {i} is out of range for dimension {d} of size {size}")));
+        }
+        base += j as usize * st[d];
+    }
+    Ok(base)
 }
 
 /// How `ScatterElements` combines an update with the element it lands on.
@@ -663,14 +672,7 @@ fn scatter_nd(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let slice: usize = ds[k..].iter().product();
         let mut targets = Vec::with_capacity(updates.len());
         for tuple in ints(idx, "indices")?.chunks(k) {
-            let mut base = 0;
-            for (d, &i) in tuple.iter().enumerate() {
-                let j = if i < 0 { i + ds[d] as i64 } else { i };
-                if j < 0 || j >= ds[d] as i64 {
-                    return Err(kernel_error(format!("index {i} is out of range for dimension {d} of size {}", ds[d])));
-                }
-                base += j as usize * st[d];
-            }
+            let base = tuple_offset(tuple, ds, &st, 0)?;
             targets.extend(base..base + slice);
         }
         scatter(data, &targets, updates, reduction, &name).map(|t| vec![t])
