@@ -1,3 +1,5 @@
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
 /// The smallest bin-width exponent: below every positive float32.
@@ -48,55 +50,99 @@ const EXACT_GRID_INDEX: i64 = 1 << 50;
 /// `exp <= 0` (scaling up by a power of two neither rounds nor underflows).
 const EXACT_F32_GRID_INDEX: i64 = 1 << 24;
 
-/// Adds one count per value of `data` to `counts[floor(x * 2^-exp) - first]`, the same bins
-/// as [`bin_at`]. Every value must be finite and fall in the grid `counts` covers, whose
-/// indices are at most [`EXACT_GRID_INDEX`] in magnitude. Bin indices are computed a block at a
-/// time (vectorized; AVX2 when the CPU has it), in f32 when that is exact (twice the lanes of
-/// f64), and counted into four interleaved sub-histograms, so runs of equal values (a ReLU
-/// output's zeros) do not serialize on one counter.
-fn count_bins(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
+/// The smallest f32 at or above `v`.
+fn f32_at_least(v: f64) -> f32 {
+    let f = v as f32;
+    if (f as f64) < v { f.next_up() } else { f }
+}
+
+/// The largest f32 at or below `v`.
+fn f32_at_most(v: f64) -> f32 {
+    let f = v as f32;
+    if (f as f64) > v { f.next_down() } else { f }
+}
+
+/// Sampled values that the bins of each tail hold at most, per [`count_bins`] flush: past
+/// them, a bin is counted from the stride's sample.
+const TAIL_SAMPLES: u32 = 32;
+
+/// Adds the values of `data` to `counts[floor(x * 2^-exp) - first]`, the same bins as
+/// [`bin_at`]. With a `stride` above one the bulk is sampled: values at positions `0, stride,
+/// 2 * stride, ...` are counted first, and the bins at each end whose sample holds fewer than
+/// [`TAIL_SAMPLES`] values in all (the sparse tails, where a range search decides what to
+/// clip) are then counted one value at a time; every other bin takes `stride` counts per
+/// sampled value. Every value must be finite and fall in the grid `counts` covers, whose
+/// indices are at most [`EXACT_GRID_INDEX`] in magnitude; `stride` is at most 32.
+///
+/// Bin indices are computed a block at a time (vectorized; AVX2 when the CPU has it), in f32
+/// when that is exact (twice the lanes of f64), and counted into four interleaved
+/// sub-histograms, so runs of equal values (a ReLU output's zeros) do not serialize on one
+/// counter.
+fn count_bins(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        unsafe fn count_bins_avx2(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
-            count_bins_lanes(counts, data, exp, first)
+        unsafe fn count_bins_avx2(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64) {
+            count_bins_lanes(counts, data, stride, exp, first)
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { count_bins_avx2(counts, data, exp, first) };
+            return unsafe { count_bins_avx2(counts, data, stride, exp, first) };
         }
     }
-    count_bins_lanes(counts, data, exp, first)
+    count_bins_lanes(counts, data, stride, exp, first)
 }
 
 /// [`count_bins`]' body, written so that the index computation vectorizes for whatever SIMD
-/// width the caller is compiled for. The sub-histograms hold u16 counts (half the cache of
-/// u32), flushed into `counts` every [`FLUSH`] values, before any of them can overflow.
+/// width the caller is compiled for (sampled values are first copied into a contiguous
+/// block). Counts go into four interleaved u16 sub-histograms (half the cache of u32),
+/// flushed into `counts` every [`FLUSH`] values, before any of them can overflow. A sampled
+/// value adds one to its bin's sub-count, and so does a tail value at a position the stride
+/// skips; at the flush a sampled bin's sub-count weighs `stride`, a tail bin's one.
 #[inline(always)]
-fn count_bins_lanes(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
+fn count_bins_lanes(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64) {
     const BLOCK: usize = 256;
     const WAYS: usize = 4;
-    /// Values per flush: each way counts at most a quarter of them, and u16 holds that.
+    /// Values per flush: a way counts at most a quarter of them once, plus a quarter of the
+    /// sampled ones, and u16 holds that.
     const FLUSH: usize = 1 << 17;
+    debug_assert!((1..=32).contains(&stride));
     let last = first + counts.len() as i64 - 1;
     let in_f32 = (-126..=0).contains(&exp) && first.abs().max(last.abs()) < EXACT_F32_GRID_INDEX;
-    let mut sub = vec![0u16; counts.len() * WAYS];
     let (inv_width, first_f64) = (2f64.powi(-exp), first as f64);
     let (inv_width_f32, first_f32) = (inv_width as f32, first as f32);
-    let mut idx = [0u32; BLOCK];
-    for part in data.chunks(FLUSH) {
-        for block in part.chunks(BLOCK) {
-            // SAFETY (both loops): `x` is finite and inside the covered grid, so the difference
-            // is an integer in `[0, counts.len())`, which i32 holds.
-            if in_f32 {
-                for (i, &x) in idx.iter_mut().zip(block) {
-                    *i = unsafe { ((x * inv_width_f32).floor() - first_f32).to_int_unchecked::<i32>() } as u32;
-                }
-            } else {
-                for (i, &x) in idx.iter_mut().zip(block) {
-                    *i = unsafe { ((x as f64 * inv_width).floor() - first_f64).to_int_unchecked::<i32>() } as u32;
-                }
+    // SAFETY (both loops): `x` is finite and inside the covered grid, so the difference is an
+    // integer in `[0, counts.len())`, which i32 holds.
+    let index = |block: &[f32], idx: &mut [u32; BLOCK]| {
+        if in_f32 {
+            for (i, &x) in idx.iter_mut().zip(block) {
+                *i = unsafe { ((x * inv_width_f32).floor() - first_f32).to_int_unchecked::<i32>() } as u32;
             }
+        } else {
+            for (i, &x) in idx.iter_mut().zip(block) {
+                *i = unsafe { ((x as f64 * inv_width).floor() - first_f64).to_int_unchecked::<i32>() } as u32;
+            }
+        }
+    };
+    let mut sub = vec![0u16; counts.len() * WAYS];
+    let mut idx = [0u32; BLOCK];
+    let mut picked = [0f32; BLOCK];
+    /// Values whose tail candidates are found at once, as the bits of a u32.
+    const GROUP: usize = 32;
+    // `skipped[r]`: the bits of a group starting at a position `r` past a multiple of the
+    // stride whose positions the stride skips.
+    let skipped: Vec<u32> = (0..stride).map(|r| !((stride - r) % stride..GROUP).step_by(stride).fold(0u32, |m, k| m | 1 << k)).collect();
+    for part in data.chunks(FLUSH) {
+        for strided in part.chunks(BLOCK * stride) {
+            let block = if stride == 1 {
+                strided
+            } else {
+                for (p, &x) in picked.iter_mut().zip(strided.iter().step_by(stride)) {
+                    *p = x;
+                }
+                &picked[..strided.len().div_ceil(stride)]
+            };
+            index(block, &mut idx);
             let mut ways = idx[..block.len()].chunks_exact(WAYS);
             for w in &mut ways {
                 for (k, &i) in w.iter().enumerate() {
@@ -107,11 +153,61 @@ fn count_bins_lanes(counts: &mut [u64], data: &[f32], exp: i32, first: i64) {
                 sub[i as usize * WAYS + k] += 1;
             }
         }
-        for (c, s) in counts.iter_mut().zip(sub.chunks_exact_mut(WAYS)) {
-            *c += s.iter().map(|&v| u64::from(v)).sum::<u64>();
+        let sampled = if stride == 1 { 0..counts.len() } else { sampled_bins(&sub, WAYS) };
+        if sampled.len() < counts.len() {
+            // `i` is a tail bin when `i - sampled.start` wraps past the sampled width.
+            let (from, width) = (sampled.start as u32, sampled.len() as u32);
+            let in_tail = |i: u32| i.wrapping_sub(from) >= width;
+            // Values inside `(below, above)` are in sampled bins: the bulk's edges, rounded
+            // inward to f32, so a group within them needs no bin index.
+            let edge = |bin: usize| (first + bin as i64) as f64 * 2f64.powi(exp);
+            let below = if sampled.start == 0 { f32::NEG_INFINITY } else { f32_at_least(edge(sampled.start)) };
+            let above = if sampled.end == counts.len() { f32::INFINITY } else { f32_at_most(edge(sampled.end)) };
+            let outside = |x: f32| u32::from(x < below) | u32::from(x >= above);
+            // The group's start position past a multiple of the stride.
+            let mut start = 0;
+            for group in part.chunks(GROUP) {
+                // Bit k is set when value k may be in a tail and the stride skipped it; built
+                // vectorized, walked bit by bit.
+                let mut mask = skipped[start] & group.iter().enumerate().fold(0u32, |m, (k, &x)| m | outside(x) << k);
+                while mask != 0 {
+                    let k = mask.trailing_zeros() as usize;
+                    let i = bin_at(group[k], inv_width) - first;
+                    if in_tail(i as u32) {
+                        sub[i as usize * WAYS + k % WAYS] += 1;
+                    }
+                    mask &= mask - 1;
+                }
+                start += GROUP % stride;
+                if start >= stride {
+                    start -= stride;
+                }
+            }
+        }
+        for (b, (c, s)) in counts.iter_mut().zip(sub.chunks_exact_mut(WAYS)).enumerate() {
+            let weight = if sampled.contains(&b) { stride as u64 } else { 1 };
+            *c += s.iter().map(|&v| u64::from(v)).sum::<u64>() * weight;
             s.fill(0);
         }
     }
+}
+
+/// The bins between the two tails of a sampled sub-histogram (`ways` interleaved counts per
+/// bin): each tail is the longest run of end bins holding fewer than [`TAIL_SAMPLES`] values.
+fn sampled_bins(sub: &[u16], ways: usize) -> Range<usize> {
+    let bin = |b: usize| sub[b * ways..(b + 1) * ways].iter().map(|&v| u32::from(v)).sum::<u32>();
+    let bins = sub.len() / ways;
+    let (mut end, mut held) = (bins, 0);
+    while end > 0 && held + bin(end - 1) < TAIL_SAMPLES {
+        held += bin(end - 1);
+        end -= 1;
+    }
+    let (mut start, mut held) = (0, 0);
+    while start < end && held + bin(start) < TAIL_SAMPLES {
+        held += bin(start);
+        start += 1;
+    }
+    start..end
 }
 
 /// Bins spanned by `[min, max]` at width `2^exp`.
@@ -187,25 +283,65 @@ impl Histogram {
 
     /// Adds values. Non-finite values are counted separately.
     pub fn observe(&mut self, data: &[f32]) {
-        let (lo, hi, nonfinite) = super::finite_extremes(data);
+        self.observe_every(data, 1)
+    }
+
+    /// Adds values, sampling the bulk at `stride` (at most 32) as [`count_bins`] describes, so
+    /// the histogram weighs the same as one counted in full. The sparse tails, the extremes
+    /// and the non-finite count cover every value.
+    pub fn observe_every(&mut self, data: &[f32], stride: usize) {
+        let extremes = super::finite_extremes(data);
+        if self.cover_values(extremes) {
+            let (exp, first) = (self.exp, self.first);
+            count_bins(&mut self.counts, data, stride, exp, first);
+        } else if extremes.0 <= extremes.1 {
+            self.count_finite(data);
+        }
+    }
+
+    /// [`Histogram::observe_every`] on a large tensor, counted in parallel chunks of `chunk`
+    /// values on the grid that the tensor's extremes fix first: each chunk decides its tails
+    /// on that one grid, so the result does not depend on how the chunks are scheduled.
+    pub fn observe_chunks(&mut self, data: &[f32], stride: usize, chunk: usize) {
+        use rayon::prelude::*;
+        let extremes = data.par_chunks(chunk).map(super::finite_extremes)
+            .reduce(|| (f32::INFINITY, f32::NEG_INFINITY, 0), |a, b| (a.0.min(b.0), a.1.max(b.1), a.2 + b.2));
+        if self.cover_values(extremes) {
+            let (exp, first, bins) = (self.exp, self.first, self.counts.len());
+            let counts = data.par_chunks(chunk).fold(|| vec![0u64; bins], |mut counts, c| {
+                count_bins(&mut counts, c, stride, exp, first);
+                counts
+            }).reduce(|| vec![0u64; bins], |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            });
+            self.counts.iter_mut().zip(&counts).for_each(|(a, b)| *a += b);
+        } else if extremes.0 <= extremes.1 {
+            self.count_finite(data);
+        }
+    }
+
+    /// Records a tensor's `(lo, hi, nonfinite)` from [`super::finite_extremes`] and makes
+    /// the grid cover `[lo, hi]`. True when [`count_bins`] can count the tensor: it has a
+    /// finite value, no non-finite one, and grid indices it can handle.
+    fn cover_values(&mut self, (lo, hi, nonfinite): (f32, f32, u64)) -> bool {
         self.nonfinite += nonfinite;
         if lo > hi {
-            return;
+            return false;
         }
         self.min = self.min.min(lo);
         self.max = self.max.max(hi);
         self.coarsen(grid_exp(self.min, self.max, self.max_bins));
         self.cover(bin_of(lo, self.exp), bin_of(hi, self.exp));
+        let last = self.first + self.counts.len() as i64 - 1;
+        nonfinite == 0 && self.first.abs().max(last.abs()) <= EXACT_GRID_INDEX
+    }
+
+    /// Counts every finite value one by one, on a grid that already covers them.
+    fn count_finite(&mut self, data: &[f32]) {
         let inv_width = 2f64.powi(-self.exp);
-        let first = self.first;
-        let last = first + self.counts.len() as i64 - 1;
-        let counts = &mut self.counts;
-        if nonfinite == 0 && first.abs().max(last.abs()) <= EXACT_GRID_INDEX {
-            count_bins(counts, data, self.exp, first);
-        } else {
-            for &x in data.iter().filter(|x| x.is_finite()) {
-                counts[(bin_at(x, inv_width) - first) as usize] += 1;
-            }
+        for &x in data.iter().filter(|x| x.is_finite()) {
+            self.counts[(bin_at(x, inv_width) - self.first) as usize] += 1;
         }
     }
 
@@ -279,9 +415,36 @@ mod tests {
                 want[((x as f64 / 2f64.powi(exp)).floor() as i64 - first) as usize] += 1;
             }
             let mut got = vec![0u64; want.len()];
-            count_bins(&mut got, d, exp, first);
+            count_bins(&mut got, d, 1, exp, first);
             assert_eq!(got, want, "exp {exp}");
         }
+    }
+
+    #[test]
+    fn sampled_counting_counts_tails_one_by_one_and_the_bulk_at_the_stride() {
+        // A bulk in [-3, 7), and sparse far values on both sides at positions the stride skips.
+        let mut d = data(200_001, 5);
+        for (k, v) in [(9, 40.0), (1_001, 39.0), (77_777, 25.5), (150_003, -30.0)] {
+            d[k] = v;
+        }
+        let exp = -4;
+        let (first, last) = (bin_of(-30.0, exp), bin_of(40.0, exp));
+        let mut exact = vec![0u64; (last - first + 1) as usize];
+        for &x in &d {
+            exact[(bin_of(x, exp) - first) as usize] += 1;
+        }
+        let mut got = vec![0u64; exact.len()];
+        count_bins(&mut got, &d, 8, exp, first);
+        // Everything outside the bulk is counted one by one.
+        let bulk = (bin_of(-3.0, exp) - first) as usize..(bin_of(7.0, exp) - first) as usize;
+        for (b, (&g, &e)) in got.iter().zip(&exact).enumerate().filter(|(b, _)| !bulk.contains(b)) {
+            assert_eq!(g, e, "bin {b}");
+        }
+        // Inside it, a bin holds 8 counts per sampled value, or its exact count at its edges.
+        let sampled: Vec<u64> = (0..exact.len()).map(|b| d.iter().step_by(8).filter(|&&x| (bin_of(x, exp) - first) as usize == b).count() as u64 * 8).collect();
+        assert!(got.iter().zip(&exact).zip(&sampled).all(|((g, e), s)| g == e || g == s));
+        let total: u64 = got.iter().sum();
+        assert!(total.abs_diff(d.len() as u64) < d.len() as u64 / 100, "{total}");
     }
 
     #[test]
@@ -291,7 +454,7 @@ mod tests {
         d.extend([1.0, -1.0, 0.5]);
         // Bins of width 1/2 from -1: [-1, -0.5), [-0.5, 0), [0, 0.5), [0.5, 1), [1, 1.5).
         let mut got = vec![0u64; 5];
-        count_bins(&mut got, &d, -1, -2);
+        count_bins(&mut got, &d, 1, -1, -2);
         assert_eq!(got, vec![1, 0, 600_000, 1, 1]);
     }
 

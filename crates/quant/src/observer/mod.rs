@@ -99,6 +99,14 @@ fn finite_extremes_lanes(run: &[f32]) -> (f32, f32, u64) {
 
 use crate::spec::{ObserverKind, RangeMethod};
 
+/// Tensors of at least this many values are sampled by histogram observers.
+pub const SAMPLED_FROM: usize = 1 << 16;
+
+/// The sampling stride of large tensors in histogram observers. Odd and prime, so the sample
+/// walks across the columns and channels of a feature map: a power of two divides common row
+/// widths, samples the same columns of every row, and biases the bulk.
+pub const SAMPLE_STRIDE: usize = 7;
+
 /// The calibration statistic of one quantized activation, chosen by its spec's
 /// [`ObserverKind`]: it streams tensors in, merges with states of the same kind, and yields
 /// the range `[lo, hi]` the qparams are computed from.
@@ -122,25 +130,35 @@ impl Observer {
         }
     }
 
-    /// Adds one tensor's values. Large tensors are observed in parallel chunks whose states
-    /// are merged, which gives the identical state (merges are exact).
+    /// Adds one tensor's values. Large tensors are observed in parallel chunks, and the state
+    /// does not depend on how the chunks are scheduled (min/max merges are exact; a histogram
+    /// fixes its grid from the tensor's extremes first). A histogram counts the bulk of a tensor of at least
+    /// [`SAMPLED_FROM`] values at every [`SAMPLE_STRIDE`]-th position and its sparse tails
+    /// value by value (see [`Histogram::observe_every`]): the range searches see the same
+    /// distribution at a fraction of the cost.
     pub fn observe(&mut self, data: &[f32]) {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 16;
-        if data.len() > 2 * CHUNK && !matches!(self, Observer::MovingAverage { .. }) {
-            let fresh = self.empty();
-            let part = data.par_chunks(CHUNK).map(|c| {
-                let mut o = fresh.clone();
-                o.observe(c);
-                o
-            }).reduce(|| fresh.clone(), |mut a, b| {
-                a.merge(&b).expect("same kind");
-                a
-            });
-            self.merge(&part).expect("same kind");
-            return;
-        }
         match self {
+            Observer::Histogram { histogram, .. } => {
+                let stride = if data.len() >= SAMPLED_FROM { SAMPLE_STRIDE } else { 1 };
+                if data.len() > 2 * CHUNK {
+                    histogram.observe_chunks(data, stride, CHUNK);
+                } else {
+                    histogram.observe_every(data, stride);
+                }
+            }
+            Observer::MinMax(m) if data.len() > 2 * CHUNK => {
+                let part = data.par_chunks(CHUNK).map(|c| {
+                    let mut o = MinMax::new(None);
+                    o.observe(c, &[c.len()]).expect("a per-tensor observer takes any shape");
+                    o
+                }).reduce(|| MinMax::new(None), |mut a, b| {
+                    a.merge(&b).expect("per tensor");
+                    a
+                });
+                m.merge(&part).expect("per tensor");
+            }
             Observer::MinMax(m) => m.observe(data, &[data.len()]).expect("a per-tensor observer takes any shape"),
             Observer::MovingAverage { averaging_constant: c, min, max, seen } => {
                 let mut m = MinMax::new(None);
@@ -154,16 +172,6 @@ impl Observer {
                     }
                 }
             }
-            Observer::Histogram { histogram, .. } => histogram.observe(data),
-        }
-    }
-
-    /// An empty observer of the same kind and settings.
-    fn empty(&self) -> Observer {
-        match self {
-            Observer::MinMax(m) => Observer::MinMax(MinMax::new(m.axis)),
-            Observer::MovingAverage { averaging_constant, .. } => Observer::MovingAverage { averaging_constant: *averaging_constant, min: 0.0, max: 0.0, seen: false },
-            Observer::Histogram { histogram, range } => Observer::Histogram { histogram: Histogram::new(histogram.max_bins), range: *range },
         }
     }
 
@@ -287,6 +295,52 @@ mod tests {
         let (_, hi) = o.range(256).unwrap();
         assert!(hi < 400.0, "auto kept the far value: hi = {hi}");
         assert_eq!(o.range(256), m.range(256));
+    }
+
+    #[test]
+    fn large_tensors_are_sampled_with_exact_extremes_and_full_weight() {
+        let n = SAMPLED_FROM + 12_345;
+        let mut data = half_normal(n);
+        // The extremes sit where the stride does not sample.
+        data[SAMPLE_STRIDE + 1] = 40.0;
+        data[3 * SAMPLE_STRIDE + 5] = -2.0;
+        for range in [RangeMethod::Mse, RangeMethod::Percentile { percentile: 99.9 }, RangeMethod::Auto { gain: 3.0 }] {
+            let kind = ObserverKind::Histogram { bins: 2048, range };
+            let mut sampled = Observer::new(&kind);
+            sampled.observe(&data);
+            let mut counted = Histogram::new(2048);
+            counted.observe(&data);
+            let full = Observer::Histogram { histogram: counted, range };
+            let (Observer::Histogram { histogram: h, .. }, Observer::Histogram { histogram: f, .. }) = (&sampled, &full) else { unreachable!() };
+            assert!(h.total().abs_diff(n as u64) < n as u64 / 200, "total {} of {n} values", h.total());
+            // The far value's bins are a sparse tail: counted one by one.
+            assert_eq!((h.exp, h.first), (f.exp, f.first));
+            let tail = h.counts.iter().enumerate().position(|(i, _)| h.bin_start(i) > 20.0).unwrap();
+            assert_eq!(h.counts[tail..], f.counts[tail..]);
+            assert_eq!(sampled.extremes(), Some((-2.0, 40.0)));
+            let ((lo, hi), (full_lo, full_hi)) = (sampled.range(256).unwrap(), full.range(256).unwrap());
+            assert!((hi - full_hi).abs() <= 0.02 * full_hi && (lo - full_lo).abs() <= 0.02 * (full_hi - full_lo), "{range:?}: sampled [{lo}, {hi}], counted in full [{full_lo}, {full_hi}]");
+        }
+        // A tensor below the threshold is counted in full.
+        let mut small = Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Mse });
+        small.observe(&data[..SAMPLED_FROM - 1]);
+        let mut full = Histogram::new(2048);
+        full.observe(&data[..SAMPLED_FROM - 1]);
+        assert_eq!(small, Observer::Histogram { histogram: full, range: RangeMethod::Mse });
+    }
+
+    #[test]
+    fn sampling_does_not_lock_onto_power_of_two_periods() {
+        // A feature map whose every 8th column is brighter: 1/8 of the values near 2, the rest
+        // near 1, over 64 chunks. A sample of every 8th value would see only the bright ones.
+        let noise = half_normal(1 << 22);
+        let data: Vec<f32> = noise.iter().enumerate().map(|(i, v)| if i % 8 == 0 { 2.0 } else { 1.0 } + 0.01 * v).collect();
+        let mut o = Observer::new(&ObserverKind::Histogram { bins: 2048, range: RangeMethod::Mse });
+        o.observe(&data);
+        let Observer::Histogram { histogram: h, .. } = &o else { unreachable!() };
+        let bright: u64 = h.counts.iter().enumerate().filter(|&(i, _)| h.bin_start(i) >= 1.5).map(|(_, &c)| c).sum();
+        let share = bright as f64 / h.total() as f64;
+        assert!((share - 0.125).abs() < 0.005, "bright share {share}");
     }
 
     #[test]
