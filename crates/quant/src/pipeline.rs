@@ -228,13 +228,15 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     // Prepare and calibrate; again with wider activations where a Concat's input is narrow.
     let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
     let calib_started = Instant::now();
-    let mut plan = QuantPlan::new(&m.graph, annotated.clone());
+    let mut plan = QuantPlan::new(&m.graph, annotated.clone(), m.opset("").unwrap_or(1));
     let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
     calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
+    plan.settle_floors(&m.graph);
     if let Some((wider, records)) = widen_narrow_concats(&all, &graph_names, &plan, quantizer) {
-        plan = QuantPlan::new(&m.graph, wider.clone());
+        plan = QuantPlan::new(&m.graph, wider.clone(), m.opset("").unwrap_or(1));
         stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
         calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
+        plan.settle_floors(&m.graph);
         annotated = wider;
         report.widened = records;
         report.violations = violations(&annotated);

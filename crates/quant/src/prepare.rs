@@ -33,6 +33,65 @@ pub struct Group {
     pub observer: Observer,
     /// Why the group cannot be quantized, found while calibrating (non-float data).
     pub unusable: Option<String>,
+    /// Set when only Softmax reads the group's values: their rows' maxima.
+    pub softmax_rows: Option<SoftmaxRows>,
+    /// The lowest value worth an integer level, set after calibration by
+    /// [`QuantPlan::settle_floors`]: values below it saturate without changing any result.
+    pub floor: Option<f32>,
+}
+
+/// How far below its row's maximum a Softmax input still matters: `e^-16 ≈ 1.1e-7`, so even
+/// thousands of positions further down move no probability by a 16-bit output step.
+pub const SOFTMAX_SPAN: f32 = 16.0;
+
+/// The rows a Softmax normalizes over, and the smallest maximum of any row seen in
+/// calibration. Inputs more than [`SOFTMAX_SPAN`] below every row's maximum (an attention
+/// mask's -10000 or float minimum) need no integer level of their own: the range is floored
+/// at `least_row_max - SOFTMAX_SPAN` and they saturate there, where they still weigh nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SoftmaxRows {
+    /// The Softmax's `axis` (negative counts from the end).
+    pub axis: i64,
+    /// Before opset 13 Softmax flattens its input at `axis`: a row is everything from `axis` on.
+    pub flattened: bool,
+    /// The smallest finite row maximum seen (`+inf` before any).
+    pub least_row_max: f32,
+}
+
+impl SoftmaxRows {
+    /// The rows of the Softmax that `node` is, at opset `opset`.
+    pub fn of(node: &qforge_ir::Node, opset: i64) -> SoftmaxRows {
+        let flattened = opset < 13;
+        SoftmaxRows { axis: node.attr_int("axis").unwrap_or(if flattened { 1 } else { -1 }), flattened, least_row_max: f32::INFINITY }
+    }
+
+    /// Lowers `least_row_max` to the smallest finite row maximum of a tensor (rows without a
+    /// finite value are skipped; an axis outside the shape records nothing).
+    pub fn observe(&mut self, data: &[f32], shape: &[usize]) {
+        let rank = shape.len() as i64;
+        let axis = if self.axis < 0 { self.axis + rank } else { self.axis };
+        if !(0..rank).contains(&axis) || data.len() != shape.iter().product::<usize>() {
+            return;
+        }
+        let axis = axis as usize;
+        let (n, inner) = if self.flattened { (shape[axis..].iter().product(), 1) } else { (shape[axis], shape[axis + 1..].iter().product()) };
+        if n == 0 {
+            return;
+        }
+        for row_block in data.chunks(n * inner) {
+            for i in 0..inner {
+                let max = (0..n).map(|k| row_block[k * inner + i]).filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+                if max.is_finite() {
+                    self.least_row_max = self.least_row_max.min(max);
+                }
+            }
+        }
+    }
+
+    /// The lowest value worth an integer level: `least_row_max - SOFTMAX_SPAN`.
+    pub fn floor(&self) -> Option<f32> {
+        self.least_row_max.is_finite().then_some(self.least_row_max - SOFTMAX_SPAN)
+    }
 }
 
 /// A graph's annotations with its points.
@@ -94,8 +153,8 @@ pub fn edge_value(g: &Graph, e: Edge) -> Option<ValueId> {
 
 impl QuantPlan {
     /// Builds groups from the annotations of every graph (`annotated[i]` belongs to
-    /// `model_graph.graphs()[i]`).
-    pub fn new(main: &Graph, annotated: Vec<Annotations>) -> QuantPlan {
+    /// `model_graph.graphs()[i]`) of a model at default-domain opset `opset`.
+    pub fn new(main: &Graph, annotated: Vec<Annotations>, opset: i64) -> QuantPlan {
         let all = main.graphs();
         // Points: (graph, value, type) with the spec that defines them and whether it is the producer's.
         let mut ids: BTreeMap<(usize, ValueId, QType), usize> = BTreeMap::new();
@@ -164,7 +223,7 @@ impl QuantPlan {
                     Spec::Fixed(f) => (QuantizationSpec { scheme: f.scheme, granularity: crate::spec::Granularity::PerTensor, observer: crate::spec::ObserverKind::MinMax, scale_min: None }, Some(f.clone())),
                     _ => unreachable!("points are made from quantize and fixed specs"),
                 };
-                groups.push(Group { observer: Observer::new(&spec.observer), spec, fixed, points: vec![], unusable: None });
+                groups.push(Group { observer: Observer::new(&spec.observer), spec, fixed, points: vec![], unusable: None, softmax_rows: None, floor: None });
                 groups.len() - 1
             });
             if let Spec::Fixed(f) = &specs[p].0 {
@@ -172,6 +231,9 @@ impl QuantPlan {
             }
             groups[gid].points.push((gi, v));
             plans[gi].points.insert((v, qt), gid);
+        }
+        for grp in &mut groups {
+            grp.softmax_rows = softmax_rows(&all, &grp.points, opset);
         }
         // Watch each point where its value is produced.
         let mut watch: HashMap<(usize, ValueId), Vec<usize>> = HashMap::new();
@@ -207,6 +269,9 @@ impl QuantPlan {
     pub fn merge_observations(&mut self, other: &QuantPlan) -> Result<(), String> {
         for (mine, theirs) in self.groups.iter_mut().zip(&other.groups) {
             mine.observer.merge(&theirs.observer)?;
+            if let (Some(m), Some(t)) = (&mut mine.softmax_rows, &theirs.softmax_rows) {
+                m.least_row_max = m.least_row_max.min(t.least_row_max);
+            }
             if mine.unusable.is_none() {
                 mine.unusable.clone_from(&theirs.unusable);
             }
@@ -215,6 +280,41 @@ impl QuantPlan {
             widen(&mut self.value_extremes, at, range);
         }
         Ok(())
+    }
+
+    /// Sets each group's [`Group::floor`] from calibration:
+    /// * a Softmax input: [`SoftmaxRows::floor`], `SOFTMAX_SPAN` below every row's maximum;
+    /// * a value every reader of which passes a floor back ([`floor_through`]): an Add into a
+    ///   floored sum (an attention mask added to the scores) or an op that only moves or casts
+    ///   values into a floored output, followed to a fixed point.
+    ///
+    /// Below its floor a value saturates without changing any result. Without floors a mask
+    /// of the float minimum gets a scale whose ratio to the sum's overflows the integer Add of
+    /// ONNX Runtime and qforge, and a mask of -inf saturates at its finite range's lower end,
+    /// 0, which unmasks it.
+    pub fn settle_floors(&mut self, main: &Graph) {
+        let all = main.graphs();
+        let mut floors: Vec<Option<f32>> = self.groups.iter().map(|g| g.softmax_rows.as_ref().and_then(SoftmaxRows::floor)).collect();
+        let group_at = |gi: usize, v: ValueId| self.graphs[gi].points.range((v, QType::U4)..=(v, QType::S32)).map(|(_, &gid)| gid).next();
+        for _ in 0..self.groups.len() {
+            let mut changed = false;
+            for (gid, grp) in self.groups.iter().enumerate() {
+                if grp.softmax_rows.is_some() || grp.fixed.is_some() {
+                    continue;
+                }
+                let floor = floor_through(&all, &grp.points, gid, &group_at, &floors, &self.groups);
+                if floor != floors[gid] {
+                    floors[gid] = floor;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        for (grp, floor) in self.groups.iter_mut().zip(floors) {
+            grp.floor = floor;
+        }
     }
 
     /// The observed extremes of value `v` of graph `gi` on its own, for an input of a node
@@ -311,6 +411,82 @@ pub(crate) fn concat_inputs(g: &Graph, a: &Annotations, n: NodeId) -> Option<Vec
     (inputs.len() >= 2).then_some(inputs)
 }
 
+/// The rows of the Softmax nodes that are the only readers of every point, when they all
+/// normalize the same way.
+fn softmax_rows(all: &[(GraphPath, &Graph)], points: &[(usize, ValueId)], opset: i64) -> Option<SoftmaxRows> {
+    let mut rows: Option<SoftmaxRows> = None;
+    for &(gi, v) in points {
+        let g = all.get(gi)?.1;
+        if g.is_output(v) || g.consumers(v).is_empty() {
+            return None;
+        }
+        for &(n, _) in g.consumers(v) {
+            let node = g.node(n).ok()?;
+            if node.op_type != "Softmax" || !node.domain.is_empty() {
+                return None;
+            }
+            let these = SoftmaxRows::of(node, opset);
+            match &rows {
+                Some(r) if (r.axis, r.flattened) != (these.axis, these.flattened) => return None,
+                Some(_) => {}
+                None => rows = Some(these),
+            }
+        }
+    }
+    rows
+}
+
+/// Ops whose output holds values of their first input (or, for Concat, of every input),
+/// moved or cast: a floor on the output holds for those inputs too (as for Where's two value
+/// inputs).
+const FLOOR_PASSING: &[&str] = &["Identity", "Cast", "CastLike", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Slice", "Gather", "Concat"];
+
+/// The floor of a group whose every reader passes one back, the lowest of them:
+/// * an Add with output floor `F` gives `F - hi`, for the largest value `hi` of its other
+///   input (a constant, or a group's observed maximum);
+/// * a [`FLOOR_PASSING`] op, or Where's value inputs, give their output's floor;
+/// * a reader of only the type or shape (Shape, Size, CastLike's second input), or one whose
+///   outputs are all in the group itself (shared data movement), gives none.
+///
+/// `None` when any reader is another op (a ReduceMax that looks for fully masked rows), an
+/// output has no floor, or a value is a graph output.
+fn floor_through(all: &[(GraphPath, &Graph)], points: &[(usize, ValueId)], gid: usize, group_at: &dyn Fn(usize, ValueId) -> Option<usize>, floors: &[Option<f32>], groups: &[Group]) -> Option<f32> {
+    let mut floor: Option<f32> = None;
+    for &(gi, v) in points {
+        let g = all.get(gi)?.1;
+        if g.is_output(v) {
+            return None;
+        }
+        for &(n, i) in g.consumers(v) {
+            let node = g.node(n).ok()?;
+            let metadata_only = matches!((node.op_type.as_str(), i), ("Shape" | "Size", _) | ("CastLike", 1));
+            if metadata_only || (!node.outputs.is_empty() && node.outputs.iter().flatten().all(|&w| group_at(gi, w) == Some(gid))) {
+                continue;
+            }
+            if !node.domain.is_empty() {
+                return None;
+            }
+            let out_floor = floors[group_at(gi, node.output(0)?)?]?;
+            let this = match node.op_type.as_str() {
+                "Add" if node.inputs.len() == 2 => {
+                    let u = node.input(1 - i.min(1))?;
+                    let hi = match g.value(u).ok()?.initializer() {
+                        Some(t) => t.as_slice::<f32>().ok()?.iter().copied().filter(|x| x.is_finite()).reduce(f32::max)?,
+                        None => groups[group_at(gi, u)?].observer.extremes()?.1,
+                    };
+                    out_floor - hi
+                }
+                op if FLOOR_PASSING.contains(&op) && (i == 0 || op == "Concat") => out_floor,
+                // Where(condition, x, y): x and y pass through.
+                "Where" if i > 0 => out_floor,
+                _ => return None,
+            };
+            floor = Some(floor.map_or(this, |f| f.min(this)));
+        }
+    }
+    floor
+}
+
 /// Widens the extremes recorded for `at` to include `[lo, hi]`.
 fn widen(extremes: &mut HashMap<(usize, ValueId), (f32, f32)>, at: (usize, ValueId), (lo, hi): (f32, f32)) {
     let e = extremes.entry(at).or_insert((lo, hi));
@@ -334,12 +510,45 @@ impl Hooks for Calibrator<'_> {
         for &gid in groups {
             let g = &mut self.plan.groups[gid];
             match value.as_slice::<f32>() {
-                Ok(data) => g.observer.observe(data),
+                Ok(data) => {
+                    g.observer.observe(data);
+                    if let Some(rows) = &mut g.softmax_rows {
+                        rows.observe(data, value.shape());
+                    }
+                }
                 Err(_) => {
                     g.unusable.get_or_insert_with(|| format!("value '{}' holds {} data, not float32", event.name, value.dtype()));
                 }
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_rows_follow_the_axis_and_the_pre_13_flattening() {
+        // x[a][b][c] = 100a + 10b + c over [2, 3, 4], one masked value.
+        let mut data: Vec<f32> = (0..24).map(|i| (100 * (i / 12) + 10 * (i / 4 % 3) + i % 4) as f32).collect();
+        data[3] = f32::NEG_INFINITY;
+        let least = |axis: i64, flattened: bool| {
+            let mut rows = SoftmaxRows { axis, flattened, least_row_max: f32::INFINITY };
+            rows.observe(&data, &[2, 3, 4]);
+            rows.least_row_max
+        };
+        // Rows along c: the first row's finite maximum is x[0][0][2] = 2.
+        assert_eq!(least(-1, false), 2.0);
+        assert_eq!(least(2, false), 2.0);
+        // Rows along b: max over b of x[0][b][0] is 20.
+        assert_eq!(least(1, false), 20.0);
+        // Before opset 13, axis 1 flattens [3, 4] into one row per a: 23 for a = 0.
+        assert_eq!(least(1, true), 23.0);
+        // An axis outside the shape records nothing.
+        assert_eq!(least(3, false), f32::INFINITY);
+        let rows = SoftmaxRows { axis: -1, flattened: false, least_row_max: 2.0 };
+        assert_eq!(rows.floor(), Some(2.0 - SOFTMAX_SPAN));
     }
 }

@@ -48,6 +48,10 @@ pub struct ActivationRecord {
     pub fixed: bool,
     /// NaN/Inf values seen during calibration (left out of the range).
     pub nonfinite: u64,
+    /// The range's lower end when raised above the observed minimum because nothing below
+    /// it changes a result: a Softmax input more than `SOFTMAX_SPAN` below every row's
+    /// maximum, or an attention mask added to one (see `QuantPlan::settle_floors`).
+    pub floor: Option<f32>,
 }
 
 /// One constant stored quantized.
@@ -338,6 +342,7 @@ impl Report {
                 observed: grp.observer.extremes(),
                 fixed: grp.fixed.is_some(),
                 nonfinite: grp.observer.nonfinite(),
+                floor: grp.floor.filter(|&f| grp.fixed.is_none() && grp.observer.extremes().is_some_and(|(lo, hi)| f < hi && (f > lo || grp.observer.nonfinite() > 0))),
             });
         }
         self.skipped.extend(log.skipped.iter().map(|(v, why)| (graph.to_string(), v.clone(), why.clone())));
@@ -401,6 +406,14 @@ impl Report {
         Some(format!("{} initializer(s) listed as graph inputs (ONNX IR 3 lists every weight so) are quantized as constants and no longer inputs (first: '{first}')", self.constant_inputs.len()))
     }
 
+    /// The activations whose range starts above their observed minimum, when there are any.
+    pub fn floors_note(&self) -> Option<String> {
+        let floored: Vec<&ActivationRecord> = self.activations.iter().filter(|a| a.floor.is_some()).collect();
+        let first = floored.first()?;
+        Some(format!("{} activation(s) feeding a Softmax keep no levels for values it ignores (more than {} below every row's maximum, or a mask that sends them there): their range starts at the 'floor' the report gives (first: '{}', observed from {:.4e}, floor {:.4e})",
+            floored.len(), crate::prepare::SOFTMAX_SPAN, first.value, first.observed.map_or(f32::NAN, |o| o.0), first.floor.unwrap_or(f32::NAN)))
+    }
+
     pub fn summary(&self) -> String {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
@@ -424,6 +437,9 @@ impl Report {
             let _ = writeln!(s, "warning: {v}");
         }
         if let Some(note) = self.constant_inputs_note() {
+            let _ = writeln!(s, "note: {note}");
+        }
+        if let Some(note) = self.floors_note() {
             let _ = writeln!(s, "note: {note}");
         }
         for (w, c) in &self.bias_adjusted {

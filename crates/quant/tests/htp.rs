@@ -166,6 +166,81 @@ fn bias_scale_is_input_scale_times_weight_scale_per_channel() {
     }
 }
 
+/// Single-head attention over `x [2, 6, 8]` with an additive mask `[2, 1, 6]` in front of the
+/// Softmax, and calibration feeds whose mask hides the last two keys of the second sequence
+/// with `mask_value` (0 elsewhere).
+fn masked_attention(mask_value: f32) -> (Model, Seeded) {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[2, 6, 8]);
+    let mask = input(&mut g, "mask", &[2, 1, 6]);
+    let (wq, wk, wv) = (weight(&mut g, "wq", &[8, 8], 11, 1.5), weight(&mut g, "wk", &[8, 8], 12, 1.5), weight(&mut g, "wv", &[8, 8], 13, 1.0));
+    let q = op(&mut g, "MatMul", "q", &[x, wq]);
+    let k = op(&mut g, "MatMul", "k", &[x, wk]);
+    let v = op(&mut g, "MatMul", "v", &[x, wv]);
+    let kt = g.new_value("kt", None).unwrap();
+    g.add_node(Node::new("Transpose", "kt").with_inputs([k]).with_outputs([kt]).with_attr("perm", Attr::Ints(vec![0, 2, 1]))).unwrap();
+    let scores = op(&mut g, "MatMul", "scores", &[q, kt]);
+    let masked = op(&mut g, "Add", "masked", &[scores, mask]);
+    let probs = g.new_value("probs", None).unwrap();
+    g.add_node(Node::new("Softmax", "softmax").with_inputs([masked]).with_outputs([probs]).with_attr("axis", Attr::Int(-1))).unwrap();
+    let out = op(&mut g, "MatMul", "context", &[probs, v]);
+    g.set_outputs(vec![out]).unwrap();
+    let mut hide = vec![0f32; 12];
+    hide[10] = mask_value;
+    hide[11] = mask_value;
+    let samples = seeded(&[("x", &[2, 6, 8])]).into_iter().map(|mut feed| {
+        feed.push(("mask".into(), Tensor::from_vec(&[2, 1, 6], hide.clone()).unwrap()));
+        feed
+    }).collect();
+    (model(g, 13), samples)
+}
+
+#[test]
+fn attention_mask_values_saturate_below_every_softmax_row() {
+    // Softmax weighs an input by exp(x - row max): the mask's -10000, float minimum or -inf
+    // only has to land far enough below every row's maximum. Quantizing the masked scores over
+    // their whole range instead leaves every real score on one or two integer levels, and a
+    // -inf mask over its finite range [0, 0] saturates at 0: unmasked.
+    for mask_value in [-10000.0, f32::MIN, f32::NEG_INFINITY] {
+        let (m, samples) = masked_attention(mask_value);
+        for precision in [Precision::A8W8, Precision::A16W8] {
+            let (q, _) = run(&m, &htp(precision, "v75", None), &samples);
+            let (s, z) = dq_params(&q, dq_of_input(&q, "softmax", 0));
+            let (s, z) = (s.as_slice::<f32>().unwrap()[0], z.to_i64_vec().unwrap()[0]);
+            // HTP activations are unsigned: integer 0 is the range's lower end.
+            let lowest = -(z as f32) * s;
+            // The least row maximum of the masked scores, from the float model.
+            let mut least_row_max = f32::INFINITY;
+            let mut worst = 0f32;
+            for (i, feed) in samples.iter().enumerate() {
+                let mut probe = m.clone();
+                let masked = probe.graph.value_by_name("masked_out").unwrap();
+                probe.graph.set_outputs(vec![masked]).unwrap();
+                let scores = qforge_runtime::Session::new(&probe).unwrap().run(feed.clone()).unwrap().remove(0).1;
+                for row in scores.as_slice::<f32>().unwrap().chunks(6) {
+                    least_row_max = least_row_max.min(row.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+                }
+                let want = float_outputs(&m, &samples, i).remove(0).1;
+                let got = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap().remove(0).1;
+                let peak = want.as_slice::<f32>().unwrap().iter().fold(0f32, |a, v| a.max(v.abs()));
+                for (a, b) in want.as_slice::<f32>().unwrap().iter().zip(got.as_slice::<f32>().unwrap()) {
+                    worst = worst.max((a - b).abs() / peak);
+                }
+            }
+            assert!((lowest - (least_row_max - 16.0)).abs() <= 2.0 * s, "{precision} mask {mask_value}: range starts at {lowest}, want {} (least row max {least_row_max} - 16)", least_row_max - 16.0);
+            // The mask itself needs no level below where the sum saturates: its scale stays
+            // of the scores' order (over [f32::MIN, 0], 8 bits would step 1.3e36, and the
+            // integer Add's scale ratio would overflow).
+            let (mask_scale, _) = dq_params(&q, dq_of_input(&q, "masked", 1));
+            assert!(mask_scale.as_slice::<f32>().unwrap()[0] < 1.0, "{precision} mask {mask_value}: mask scale {mask_scale:?}");
+            // Without the floors: 0.94-0.95 of the peak for -10000 and the float minimum
+            // (0.029 for -10000 at 16 bits), 1.19 for -inf.
+            let bound = if precision == Precision::A8W8 { 0.08 } else { 0.03 };
+            assert!(worst < bound, "{precision} mask {mask_value}: context off by {worst} of its peak");
+        }
+    }
+}
+
 #[test]
 fn sigmoid_and_tanh_outputs_have_fixed_qparams() {
     let mut g = Graph::new("g");
