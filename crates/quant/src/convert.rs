@@ -32,12 +32,7 @@ pub fn group_qparams(g: &Group) -> Result<QParams, String> {
     }
     let (qmin, qmax) = g.spec.scheme.qrange();
     let (lo, hi) = g.observer.range((qmax - qmin + 1) as usize).ok_or("no finite value reached it during calibration")?;
-    // A floor raises the range's lower end; where calibration saw non-finite values (a mask
-    // of -inf) it also lowers it, so they saturate at the floor, still out of the way.
-    let lo = match g.floor {
-        Some(floor) if floor < hi && (floor > lo || g.observer.nonfinite() > 0) => floor,
-        _ => lo,
-    };
+    let lo = g.floor_for(lo, hi).unwrap_or(lo);
     let q = g.spec.scheme.qparams(lo, hi);
     match g.spec.scale_min {
         Some(min) if q.scale < min => {

@@ -40,6 +40,16 @@ pub struct Group {
     pub floor: Option<f32>,
 }
 
+impl Group {
+    /// The lower end that [`Group::floor`] gives a range `[lo, hi]`: the floor when it is
+    /// above `lo`, or when calibration saw non-finite values (a mask of -inf, which then
+    /// saturates at the floor, still out of the way, rather than at the finite minimum);
+    /// `None` when it does not apply.
+    pub fn floor_for(&self, lo: f32, hi: f32) -> Option<f32> {
+        self.floor.filter(|&f| f < hi && (f > lo || self.observer.nonfinite() > 0))
+    }
+}
+
 /// How far below its row's maximum a Softmax input still matters: `e^-16 ≈ 1.1e-7`, so even
 /// thousands of positions further down move no probability by a 16-bit output step.
 pub const SOFTMAX_SPAN: f32 = 16.0;

@@ -48,9 +48,9 @@ pub struct ActivationRecord {
     pub fixed: bool,
     /// NaN/Inf values seen during calibration (left out of the range).
     pub nonfinite: u64,
-    /// The range's lower end when raised above the observed minimum because nothing below
-    /// it changes a result: a Softmax input more than `SOFTMAX_SPAN` below every row's
-    /// maximum, or an attention mask added to one (see `QuantPlan::settle_floors`).
+    /// The range's lower end when set by the value's floor (`Group::floor_for`): nothing below
+    /// it changes a result (a Softmax input more than `SOFTMAX_SPAN` below every row's
+    /// maximum, or an attention mask added to one; see `QuantPlan::settle_floors`).
     pub floor: Option<f32>,
 }
 
@@ -342,7 +342,7 @@ impl Report {
                 observed: grp.observer.extremes(),
                 fixed: grp.fixed.is_some(),
                 nonfinite: grp.observer.nonfinite(),
-                floor: grp.floor.filter(|&f| grp.fixed.is_none() && grp.observer.extremes().is_some_and(|(lo, hi)| f < hi && (f > lo || grp.observer.nonfinite() > 0))),
+                floor: grp.observer.extremes().filter(|_| grp.fixed.is_none()).and_then(|(lo, hi)| grp.floor_for(lo, hi)),
             });
         }
         self.skipped.extend(log.skipped.iter().map(|(v, why)| (graph.to_string(), v.clone(), why.clone())));
