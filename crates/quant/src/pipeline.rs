@@ -228,15 +228,16 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     // Prepare and calibrate; again with wider activations where a Concat's input is narrow.
     let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
     let calib_started = Instant::now();
-    let mut plan = QuantPlan::new(&m.graph, annotated.clone(), m.opset("").unwrap_or(1));
-    let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
-    calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
-    plan.settle_floors(&m.graph);
-    if let Some((wider, records)) = widen_narrow_concats(&all, &graph_names, &plan, quantizer) {
-        plan = QuantPlan::new(&m.graph, wider.clone(), m.opset("").unwrap_or(1));
-        stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
+    let mut calibrate_plan = |annotated: &[Annotations]| -> Result<(QuantPlan, InputStats), QuantizeError> {
+        let mut plan = QuantPlan::new(&m.graph, annotated.to_vec(), m.opset("").unwrap_or(1));
+        let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
         calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
         plan.settle_floors(&m.graph);
+        Ok((plan, stats))
+    };
+    let (mut plan, mut stats) = calibrate_plan(&annotated)?;
+    if let Some((wider, records)) = widen_narrow_concats(&all, &graph_names, &plan, quantizer) {
+        (plan, stats) = calibrate_plan(&wider)?;
         annotated = wider;
         report.widened = records;
         report.violations = violations(&annotated);

@@ -310,6 +310,7 @@ impl LoweringRecord {
     }
 
     /// Lines for the stderr summary: counts, then every unit that stays QDQ with its reason.
+    /// A summary for people: counts, float nodes grouped by op and reason, warnings.
     pub fn summary(&self) -> String {
         let mut s = String::new();
         let forms: Vec<String> = self.lowered.iter().map(|(k, v)| format!("{v} x {k}")).collect();
@@ -399,7 +400,6 @@ impl Report {
         format!("{} weight(s) rounded{median}, {} left at nearest", self.gptq.len(), self.gptq_skipped.len())
     }
 
-    /// A summary for people: counts, float nodes grouped by op and reason, warnings.
     /// What happened to initializers listed as graph inputs, when there were any.
     pub fn constant_inputs_note(&self) -> Option<String> {
         let first = self.constant_inputs.first()?;
