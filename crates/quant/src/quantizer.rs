@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use qforge_ir::{DType, Graph, Node, NodeId, ValueId};
+use qforge_ir::{DType, Graph, Node, NodeId, ValueId, CAPTURE_USE};
 
 use crate::annotation::{Annotations, FloatKind, NodeAnnotation};
 use crate::backend::{BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType};
@@ -125,6 +125,65 @@ pub(crate) fn is_float(g: &Graph, v: ValueId) -> bool {
     val.ty.as_ref().and_then(|t| t.elem()).is_none_or(|e| e == DType::F32)
 }
 
+/// Ops that compute an index-valued output from index-valued inputs: arithmetic, rounding and
+/// data movement. See [`index_valued`].
+const INDEX_ARITHMETIC: &[&str] = &[
+    "Abs", "Add", "Ceil", "Clip", "Concat", "Div", "Expand", "Flatten", "Floor", "Gather", "Identity", "Max", "Min", "Mod",
+    "Mul", "Neg", "Reshape", "Round", "Slice", "Squeeze", "Sub", "Sum", "Tile", "Transpose", "Unsqueeze", "Where",
+];
+
+/// Float values of `g` that stand for integers: every read of one converts it to an integer
+/// type (Cast, or CastLike to an integer target), reads only its type or shape (CastLike's
+/// target, Shape, Size), reads it as a Resize or Upsample size or scale, or computes from it,
+/// through [`INDEX_ARITHMETIC`], float outputs that are all such values. A graph output is
+/// data. Exporters count loop steps and compute sizes this way (`Cast(Cast(i) + 1.0)` to
+/// int64); a quantization step would move the index, count or size, so no quantizer treats
+/// these values as activations.
+pub fn index_valued(g: &Graph) -> HashSet<ValueId> {
+    let mut set = HashSet::new();
+    let order = g.topo_order().unwrap_or_default();
+    let float_outputs = |n: &Node| n.outputs.iter().flatten().copied().filter(|&v| is_float(g, v)).collect::<Vec<_>>();
+    let integer_target = |n: &Node| match n.op_type.as_str() {
+        "Cast" => n.attr_int("to").and_then(|t| DType::from_onnx(t as i32)).is_some_and(|d| !d.is_float()),
+        _ => n.input(1).is_some_and(|t| !is_float(g, t)),
+    };
+    let produced = order.iter().rev().flat_map(|&n| float_outputs(g.node(n).expect("topological order lists live nodes")));
+    let inputs = g.inputs().iter().copied().filter(|&v| is_float(g, v)).collect::<Vec<_>>();
+    for v in produced.collect::<Vec<_>>().into_iter().chain(inputs) {
+        let uses = g.consumers(v);
+        let bound = !uses.is_empty() && !g.is_output(v) && uses.iter().all(|&(c, i)| {
+            let Ok(node) = g.node(c) else { return false };
+            match (node.op_type.as_str(), i) {
+                (_, CAPTURE_USE) => false,
+                ("Shape" | "Size", _) | ("CastLike", 1) | ("Resize" | "Upsample", 1..) => true,
+                ("Cast" | "CastLike", 0) if integer_target(node) => true,
+                (op, _) if op == "Cast" || op == "CastLike" || INDEX_ARITHMETIC.contains(&op) => {
+                    let outs = float_outputs(node);
+                    !outs.is_empty() && outs.iter().all(|o| set.contains(o))
+                }
+                _ => false,
+            }
+        });
+        if bound {
+            set.insert(v);
+        }
+    }
+    set
+}
+
+/// Why `node` computes no data worth quantizing, given the [`index_valued`] values of its
+/// graph: it reads no float activation (a float value computed at run time that is not
+/// index-valued), or every float output it has is index-valued.
+pub(crate) fn index_arithmetic(g: &Graph, index: &HashSet<ValueId>, node: &Node) -> Option<&'static str> {
+    let activation = |v: ValueId| is_float(g, v) && !g.value(v).is_ok_and(|x| x.is_constant()) && !index.contains(&v);
+    if !node.inputs.iter().flatten().any(|&v| activation(v)) {
+        return Some("it reads no float activation (shape or index arithmetic, or constants only)");
+    }
+    let mut float_outputs = node.outputs.iter().flatten().filter(|&&v| is_float(g, v)).peekable();
+    (float_outputs.peek().is_some() && float_outputs.all(|v| index.contains(v)))
+        .then_some("its float outputs are only read as integers (indices, counts, sizes) or for their shape: quantizing them would only move those")
+}
+
 impl ConfigQuantizer {
     /// The annotations of a match's nodes under a dtype config, or why the config does not fit.
     fn annotate_match(&self, g: &Graph, p: &BackendPatternConfig, matched: &[NodeId], dc: &DTypeConfig, q: &QConfig) -> Result<Vec<NodeAnnotation>, String> {
@@ -212,6 +271,7 @@ impl Quantizer for ConfigQuantizer {
         let mut out = Annotations::default();
         let order = g.topo_order().unwrap_or_default();
         let qconfigs = self.mapping.assign(g);
+        let index = index_valued(g);
         let mut taken: HashMap<NodeId, NodeId> = HashMap::new();
         for &id in order.iter().rev() {
             if taken.contains_key(&id) {
@@ -228,9 +288,8 @@ impl Quantizer for ConfigQuantizer {
                 out.keep_float(id, FloatKind::Requested, why);
                 continue;
             };
-            let float_activation = node.inputs.iter().flatten().any(|&v| is_float(g, v) && !g.value(v).is_ok_and(|x| x.is_constant()));
-            if !float_activation {
-                out.keep_float(id, FloatKind::NoBenefit, "it reads no float activation (shape or index arithmetic, or constants only)");
+            if let Some(why) = index_arithmetic(g, &index, node) {
+                out.keep_float(id, FloatKind::NoBenefit, why);
                 continue;
             }
             let patterns = self.backend.patterns_for(&node.op_type);
@@ -392,4 +451,80 @@ fn outputs_read_quantized(g: &Graph, a: &Annotations, group: &[NodeId]) -> bool 
         }
     }
     !any_output
+}
+
+#[cfg(test)]
+mod tests {
+    use qforge_ir::{Attr, Tensor, ValueType};
+
+    use super::*;
+
+    fn op(g: &mut Graph, op: &str, inputs: &[ValueId], attrs: &[(&str, Attr)]) -> ValueId {
+        let name = g.unique_name(op);
+        let out = g.new_value(name.as_str(), None).unwrap();
+        let node = attrs.iter().fold(Node::new(op, name.as_str()).with_inputs(inputs.iter().copied()).with_outputs([out]), |n, (k, v)| n.with_attr(k, v.clone()));
+        g.add_node(node).unwrap();
+        out
+    }
+
+    fn cast(g: &mut Graph, v: ValueId, to: DType) -> ValueId {
+        op(g, "Cast", &[v], &[("to", Attr::Int(to.onnx_code() as i64))])
+    }
+
+    #[test]
+    fn floats_that_only_become_integers_are_index_valued_and_data_is_not() {
+        let mut g = Graph::new("g");
+        let image = g.add_input("image", Some(ValueType::tensor_of(DType::U8, &[1, 3, 8, 8]))).unwrap();
+        let counter = g.add_input("counter", Some(ValueType::tensor_of(DType::I64, &[1]))).unwrap();
+        let one = g.add_initializer("one", Tensor::from_vec(&[1], vec![1f32]).unwrap()).unwrap();
+        let mean = g.add_initializer("mean", Tensor::scalar(127f32)).unwrap();
+        let w = g.add_initializer("w", Tensor::from_vec(&[2, 3, 1, 1], vec![0.5f32; 6]).unwrap()).unwrap();
+        // A u8 image made float is data: it reaches a Conv.
+        let pixels = cast(&mut g, image, DType::F32);
+        let centred = op(&mut g, "Sub", &[pixels, mean], &[]);
+        let features = op(&mut g, "Conv", &[centred, w], &[]);
+        // A counter incremented in float and cast back.
+        let count = cast(&mut g, counter, DType::F32);
+        let next = op(&mut g, "Add", &[count, one], &[]);
+        let next_int = cast(&mut g, next, DType::I64);
+        // Resize scales from the feature map's shape, in float.
+        let shape = op(&mut g, "Shape", &[features], &[]);
+        let dims = cast(&mut g, shape, DType::F32);
+        let scales = op(&mut g, "Div", &[dims, dims], &[]);
+        let resized = op(&mut g, "Resize", &[features, one, scales], &[]);
+        // The counter read as data by one reader and as an index by another.
+        let both = cast(&mut g, counter, DType::F32);
+        let both_int = cast(&mut g, both, DType::I64);
+        let scaled = op(&mut g, "Mul", &[features, both], &[]);
+        // A float graph output is data even when it is also cast to an integer.
+        let out = cast(&mut g, counter, DType::F32);
+        let out_int = cast(&mut g, out, DType::I64);
+        g.set_outputs(vec![next_int, resized, both_int, scaled, out, out_int]).unwrap();
+        let index = index_valued(&g);
+        for v in [count, next, dims, scales] {
+            assert!(index.contains(&v), "{} is index-valued", g.value_name(v));
+        }
+        for v in [pixels, centred, features, resized, both, scaled, out] {
+            assert!(!index.contains(&v), "{} is data", g.value_name(v));
+        }
+        let node = |v: ValueId| g.node(g.producer(v).unwrap().0).unwrap();
+        assert!(index_arithmetic(&g, &index, node(next)).is_some_and(|why| why.contains("reads no float activation")));
+        assert_eq!(index_arithmetic(&g, &index, node(centred)), None);
+    }
+
+    #[test]
+    fn a_node_reading_data_whose_outputs_only_become_integers_is_index_arithmetic() {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[4]))).unwrap();
+        let cells = g.add_initializer("cells", Tensor::scalar(8f32)).unwrap();
+        let position = op(&mut g, "Mul", &[x, cells], &[]);
+        let cell = op(&mut g, "Floor", &[position], &[]);
+        let cell_int = cast(&mut g, cell, DType::I64);
+        let y = op(&mut g, "Relu", &[x], &[]);
+        g.set_outputs(vec![cell_int, y]).unwrap();
+        let index = index_valued(&g);
+        assert!(index.contains(&position) && index.contains(&cell) && !index.contains(&x));
+        let mul = g.node(g.producer(position).unwrap().0).unwrap();
+        assert!(index_arithmetic(&g, &index, mul).is_some_and(|why| why.contains("read as integers")));
+    }
 }

@@ -14,7 +14,9 @@ use qforge_ir::{Attr, DType, Graph, Model, Node, NodeId, OpsetImport, Tensor, Va
 use qforge_quant::htp::rules;
 use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, Precision, PrecisionOptions, SocTable};
 use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
-use qforge_quant::quantizer::Quantizer;
+use qforge_quant::backend::BackendConfig;
+use qforge_quant::qconfig::RangeName;
+use qforge_quant::quantizer::{default_mapping, ConfigQuantizer, Quantizer};
 use qforge_quant::report::Report;
 use qforge_testkit::{compare, make_inputs, ort_run_qdq, ort_run_with, repo, TempDir};
 
@@ -721,4 +723,81 @@ fn a_concat_input_left_with_few_levels_widens_the_concat_and_its_readers_to_16_b
     // 16-bit activations everywhere: nothing to widen.
     let (_, report) = run(&m, &htp(Precision::A16W8, "v75", None), &samples);
     assert!(report.widened.is_empty() && report.narrow_inputs.is_empty(), "{:?} {:?}", report.widened, report.narrow_inputs);
+}
+
+/// Paddle's decoder loop: the step counter is an int64 carried as `Cast(Cast(counter) + 1.0)`
+/// to int64, and each step writes `2 x row[counter]` of the input into row `counter` of a
+/// zero-initialized accumulator (ScatterElements).
+fn float_counted_loop(steps: usize, width: usize) -> (Model, Seeded) {
+    let dims = [1, steps as i64, width as i64];
+    let mut body = Graph::new("body");
+    body.add_input("i", Some(ValueType::tensor_of(DType::I64, &[]))).unwrap();
+    let cond = body.add_input("cond", Some(ValueType::tensor_of(DType::Bool, &[]))).unwrap();
+    let counter = body.add_input("counter", Some(ValueType::tensor_of(DType::I64, &[1]))).unwrap();
+    let acc = body.add_input("acc", Some(ValueType::tensor_of(DType::F32, &dims))).unwrap();
+    let x = body.add_outer("x").unwrap();
+    let one = body.add_initializer("one", Tensor::from_vec(&[1], vec![1f32]).unwrap()).unwrap();
+    let two = body.add_initializer("two", Tensor::scalar(2f32)).unwrap();
+    let axis = body.add_initializer("axis", Tensor::from_vec(&[1], vec![1i64]).unwrap()).unwrap();
+    let index_shape = body.add_initializer("index_shape", Tensor::from_vec(&[3], vec![1i64, 1, 1]).unwrap()).unwrap();
+    let row_shape = body.add_initializer("row_shape", Tensor::from_vec(&[3], vec![1i64, 1, width as i64]).unwrap()).unwrap();
+    let cast = |b: &mut Graph, name: &str, v: ValueId, to: DType| {
+        let out = b.new_value(format!("{name}_out"), None).unwrap();
+        b.add_node(Node::new("Cast", name).with_inputs([v]).with_outputs([out]).with_attr("to", Attr::Int(to.onnx_code() as i64))).unwrap();
+        out
+    };
+    let as_float = cast(&mut body, "counter_as_float", counter, DType::F32);
+    let incremented = op(&mut body, "Add", "increment", &[as_float, one]);
+    let next = cast(&mut body, "next_counter", incremented, DType::I64);
+    let row = op(&mut body, "Slice", "row", &[x, counter, next, axis]);
+    let doubled = op(&mut body, "Mul", "double", &[row, two]);
+    let index = op(&mut body, "Reshape", "index", &[counter, index_shape]);
+    let indices = op(&mut body, "Expand", "indices", &[index, row_shape]);
+    let written = body.new_value("written", None).unwrap();
+    body.add_node(Node::new("ScatterElements", "write_row").with_inputs([acc, indices, doubled]).with_outputs([written]).with_attr("axis", Attr::Int(1))).unwrap();
+    let cond_out = op(&mut body, "Identity", "keep_going", &[cond]);
+    body.set_outputs(vec![cond_out, next, written]).unwrap();
+
+    let mut g = Graph::new("g");
+    input(&mut g, "x", &[1, steps, width]);
+    let trips = g.add_initializer("trips", Tensor::scalar(steps as i64)).unwrap();
+    let go = g.add_initializer("go", Tensor::from_bools(&[], &[true]).unwrap()).unwrap();
+    let start = g.add_initializer("start", Tensor::from_vec(&[1], vec![0i64]).unwrap()).unwrap();
+    let zeros = g.add_initializer("zeros", Tensor::from_vec(&[1, steps, width], vec![0f32; steps * width]).unwrap()).unwrap();
+    let (last, y) = (g.new_value("last", None).unwrap(), g.new_value("y", None).unwrap());
+    g.add_node(Node::new("Loop", "decode").with_inputs([trips, go, start, zeros]).with_outputs([last, y]).with_attr("body", Attr::Graph(Box::new(body)))).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    (model(g, 13), seeded(&[("x", &[1, steps, width])]))
+}
+
+/// Float values only ever converted back to integers (a loop counter incremented in float)
+/// stay float under every quantizer: at 8 bits a counter up to 16 steps 0.063, so step 11
+/// would dequantize to 10.98 and truncate to row 10. Every row lands where the float model
+/// writes it, in qforge's runtime and in ONNX Runtime.
+#[test]
+fn a_loop_counter_incremented_in_float_is_never_quantized() {
+    let (steps, width) = (16, 4);
+    let (m, samples) = float_counted_loop(steps, width);
+    let tmp = TempDir::new("htp-counter");
+    let ort = BackendConfig::load("ort").unwrap();
+    let ort = ConfigQuantizer { mapping: default_mapping(&ort, RangeName::Minmax, true), backend: ort };
+    for (backend, q) in [("htp", &htp(Precision::A8W8, "v75", None) as &dyn Quantizer), ("ort", &ort)] {
+        let (q, report) = quantize(&m, q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+        let add = report.nodes.iter().find(|n| n.name == "increment").unwrap();
+        let reason = add.reason.clone().unwrap_or_default();
+        assert!(!add.quantized && reason.contains("index arithmetic"), "{backend}: the counter's Add is float as index arithmetic: '{reason}'");
+        assert!(report.activations.iter().all(|a| a.value != "counter_as_float_out" && a.value != "increment_out"), "{backend}: the counter is not quantized");
+        let path = tmp.path().join(format!("{backend}.onnx"));
+        qforge_onnx::save(&q, &path).unwrap();
+        for feed in &samples {
+            let want = qforge_runtime::Session::new(&m).unwrap().run(feed.clone()).unwrap().remove(0).1;
+            let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap().remove(0).1;
+            let theirs = ort_run_qdq(&path, feed, 1).remove(0).1;
+            // Each row is 2 x its input row, quantized: within a few 8-bit steps of [-2, 2].
+            for (who, got) in [("qforge", &ours), ("ORT", &theirs)] {
+                let (worst, ok) = compare(&want, got, 0.0, 4.0 * 4.0 / 255.0);
+                assert!(ok, "{backend} in {who}: rows off by {worst}");
+            }
+        }
+    }
 }

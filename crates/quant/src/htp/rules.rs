@@ -10,7 +10,7 @@
 //! their producers: when none of their inputs is quantized by its producer (they read float
 //! nodes only), they stay float, in topological order so chains of them fall back together.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use qforge_ir::{Graph, NodeId, ValueId};
 
@@ -19,7 +19,7 @@ use super::soc::{Generation, SocTable};
 use crate::annotation::{Annotations, FloatKind, NodeAnnotation};
 use crate::prepare::{qtype_of, resolve};
 use crate::qconfig::{QConfig, TensorQConfig};
-use crate::quantizer::{is_float, weight_axes, Violation};
+use crate::quantizer::{index_arithmetic, index_valued, is_float, weight_axes, Violation};
 use crate::spec::{Derivation, Edge, FixedQParams, Granularity, QuantizationSpec, Spec};
 use crate::{Convention, QScheme, QType};
 
@@ -196,7 +196,7 @@ impl RuleRegistry {
     /// in float with the reason.
     pub fn annotate(&self, g: &Graph, qconfigs: &HashMap<NodeId, (Option<QConfig>, &'static str)>) -> Annotations {
         let order = g.topo_order().unwrap_or_default();
-        let mut cx = AnnotationContext { graph: g, registry: self, qconfigs, annotations: Annotations::default() };
+        let mut cx = AnnotationContext { graph: g, registry: self, qconfigs, index_valued: index_valued(g), annotations: Annotations::default() };
         for &n in order.iter().rev() {
             if cx.annotations.is_annotated(n) {
                 continue;
@@ -219,8 +219,8 @@ impl RuleRegistry {
         if !(node.domain.is_empty() || node.domain == "ai.onnx") {
             return Err(Unquantized::unsupported(format!("the HTP rule registry has no rule for {}", node.qualified_op())));
         }
-        if !node.inputs.iter().flatten().any(|&v| cx.is_activation(v)) {
-            return Err(Unquantized { kind: FloatKind::NoBenefit, reason: "it reads no float activation (shape or index arithmetic, or constants only)".into() });
+        if let Some(why) = index_arithmetic(cx.graph, &cx.index_valued, node) {
+            return Err(Unquantized { kind: FloatKind::NoBenefit, reason: why.into() });
         }
         let Some(rule) = self.get(&node.op_type) else {
             return Err(Unquantized::unsupported(format!("the HTP rule registry has no rule for {}", node.op_type)));
@@ -269,6 +269,8 @@ pub struct AnnotationContext<'a> {
     pub graph: &'a Graph,
     pub registry: &'a RuleRegistry,
     qconfigs: &'a HashMap<NodeId, (Option<QConfig>, &'static str)>,
+    /// The graph's [`index_valued`] values.
+    index_valued: HashSet<ValueId>,
     pub annotations: Annotations,
 }
 
@@ -284,9 +286,9 @@ impl AnnotationContext<'_> {
         Ok(q.spec(CONVENTION, None, None))
     }
 
-    /// Whether `v` holds float data computed at run time.
+    /// Whether `v` holds float data computed at run time that is not [`index_valued`].
     pub fn is_activation(&self, v: ValueId) -> bool {
-        is_float(self.graph, v) && !self.is_constant(v)
+        is_float(self.graph, v) && !self.is_constant(v) && !self.index_valued.contains(&v)
     }
 
     /// Whether `v` can be quantized: it holds float data.
