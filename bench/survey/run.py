@@ -34,7 +34,7 @@ import bench
 from bench.datasets import export_calibration
 from models import MODELS
 
-METHODS = ["minmax", "percentile", "mse", "entropy", "l2"]
+METHODS = ["minmax", "auto", "percentile", "mse", "entropy", "l2"]
 ORT = ["ort-minmax", "ort-entropy", "ort-percentile"]
 HIDDEN = {"float_mos_mean", "float_mos_std", "float_mos_mean_std", "float_nsfw_score_mean_max",
           "frac_speech_float", "frac_pos_float", "n_boxes_float"}
