@@ -12,10 +12,10 @@ use rayon::prelude::*;
 use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
-use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights};
+use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
-use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
+use crate::report::{NodeRecord, Report, UpcastRecord, ViolationRecord, WidenedRecord};
 use crate::spec::Edge;
 use crate::weight_rounding::{InputGrams, WeightRounding};
 
@@ -162,10 +162,12 @@ pub struct Fused {
     pub affine_folded: usize,
     /// Graph inputs with an initializer now treated as constants ([`constant_input_defaults`]).
     pub constant_inputs: Vec<String>,
+    /// How a float16/bfloat16 model was made to compute in float32 ([`upcast_half`]).
+    pub upcast: Option<Upcast>,
 }
 
-/// The fusion passes, before annotation: `constant_input_defaults` (main graph),
-/// `localize_captured_weights` (every subgraph, at any depth), then on every graph (main graph
+/// The fusion passes, before annotation: `constant_input_defaults` and `upcast_half` (main
+/// graph, which also widens its subgraphs), `localize_captured_weights` (every subgraph, at any depth), then on every graph (main graph
 /// first) `fold_constants`, `fold_constant_scales` and `fold_affine`. Tools that compare a
 /// quantized model with its float original apply the same passes to the float model, so folded
 /// tensors carry the same names.
@@ -173,6 +175,10 @@ pub fn fuse(m: &mut Model) -> Result<Fused, String> {
     let constant_inputs = constant_input_defaults(&mut m.graph);
     if !constant_inputs.is_empty() {
         m.graph.check().map_err(|e| format!("constant_input_defaults: {e}"))?;
+    }
+    let upcast = upcast_half(&mut m.graph, &m.opset_imports).map_err(|e| format!("upcast_half: {e}"))?;
+    if upcast.is_some() {
+        m.graph.check().map_err(|e| format!("upcast_half: {e}"))?;
     }
     if localize_captured_weights(&mut m.graph).map_err(|e| format!("localize_captured_weights: {e}"))? > 0 {
         m.graph.check().map_err(|e| format!("localize_captured_weights: {e}"))?;
@@ -186,7 +192,7 @@ pub fn fuse(m: &mut Model) -> Result<Fused, String> {
         fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
         folded += fold_affine(g).map_err(|e| format!("fold_affine: {e}"))?;
     }
-    Ok(Fused { affine_folded: folded, constant_inputs })
+    Ok(Fused { affine_folded: folded, constant_inputs, upcast })
 }
 
 /// Fuses a copy of `model` ([`fuse`]; a model already quantized is refused), annotates it
@@ -221,7 +227,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let violations = |annotated: &[Annotations]| -> Vec<ViolationRecord> {
         all.iter().zip(annotated).zip(&graph_names).flat_map(|(((_, g), a), gname)| quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v))).collect()
     };
-    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, constant_inputs: fused.constant_inputs, violations: violations(&annotated), ..Default::default() };
+    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, constant_inputs: fused.constant_inputs, upcast: fused.upcast.map(UpcastRecord::from), violations: violations(&annotated), ..Default::default() };
     if opts.strict && !report.violations.is_empty() {
         return Err(QuantizeError::Violations(report.violations));
     }

@@ -104,6 +104,9 @@ pub struct Report {
     /// Graph inputs with an initializer (every weight, in ONNX IR 3 models) quantized as
     /// constants; the output no longer lists them as inputs.
     pub constant_inputs: Vec<String>,
+    /// How a model computing in float16/bfloat16 was made to compute in float32.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upcast: Option<UpcastRecord>,
     /// Default-domain opset before and after.
     pub opset: (i64, i64),
     pub calibration_seconds: f64,
@@ -149,6 +152,29 @@ pub struct Report {
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
+}
+
+/// A half-precision model made to compute in float32 ([`crate::passes::upcast_half`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct UpcastRecord {
+    /// The ONNX names of the half-precision types it computed in.
+    pub from: Vec<String>,
+    /// Values whose type became float32.
+    pub values: usize,
+    /// Initializers and tensor attributes stored as float32.
+    pub constants: usize,
+    /// Nodes whose half-precision target type became float32.
+    pub targets: usize,
+    /// Casts from float32 to float32 the widening left, removed.
+    pub casts_removed: usize,
+    /// Graph inputs and outputs that keep their half-precision type, cast at the boundary.
+    pub boundary: Vec<String>,
+}
+
+impl From<crate::passes::Upcast> for UpcastRecord {
+    fn from(u: crate::passes::Upcast) -> UpcastRecord {
+        UpcastRecord { from: u.from.iter().map(|d| d.to_string()).collect(), values: u.values, constants: u.constants, targets: u.targets, casts_removed: u.casts_removed, boundary: u.boundary }
+    }
 }
 
 /// An input of a node whose output shares its qparams, narrow against the output's range.
@@ -406,6 +432,14 @@ impl Report {
         Some(format!("{} initializer(s) listed as graph inputs (ONNX IR 3 lists every weight so) are quantized as constants and no longer inputs (first: '{first}')", self.constant_inputs.len()))
     }
 
+    /// How a half-precision model was made to compute in float32, when it was.
+    pub fn upcast_note(&self) -> Option<String> {
+        let u = self.upcast.as_ref()?;
+        let boundary = if u.boundary.is_empty() { String::new() } else { format!("; its inputs and outputs keep their types, cast where they enter and leave ({})", u.boundary.join(", ")) };
+        Some(format!("the model computes in {}: it is quantized computing in float32 instead ({} value(s), {} constant(s), {} cast target(s) widened; {} cast(s) left converting float32 to float32 removed){boundary}",
+            u.from.join(" and "), u.values, u.constants, u.targets, u.casts_removed))
+    }
+
     /// The activations whose range starts above their observed minimum, when there are any.
     pub fn floors_note(&self) -> Option<String> {
         let floored: Vec<&ActivationRecord> = self.activations.iter().filter(|a| a.floor.is_some()).collect();
@@ -435,6 +469,9 @@ impl Report {
         }
         for v in &self.violations {
             let _ = writeln!(s, "warning: {v}");
+        }
+        if let Some(note) = self.upcast_note() {
+            let _ = writeln!(s, "note: {note}");
         }
         if let Some(note) = self.constant_inputs_note() {
             let _ = writeln!(s, "note: {note}");

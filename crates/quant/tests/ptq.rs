@@ -710,3 +710,64 @@ fn inserted_nodes_never_reuse_an_existing_node_name() {
     let feed = qforge_testkit::seeded_feeds(&[("x", &[1, 4, 6, 6])], 1).remove(0);
     assert_eq!(ort_run_qdq(&path, &feed, 1).len(), 1, "ONNX Runtime loads and runs it");
 }
+
+/// `t` narrowed to float16 (the test's own conversion; the model's float16 reference output
+/// comes from ONNX Runtime).
+fn to_f16(t: &Tensor) -> Tensor {
+    let v: Vec<half::f16> = t.to_f64_vec().unwrap().into_iter().map(half::f16::from_f64).collect();
+    Tensor::from_vec(t.shape(), v).unwrap()
+}
+
+/// Signal-to-quantization-noise ratio of `got` against `want`, in dB.
+fn sqnr_db(want: &Tensor, got: &Tensor) -> f64 {
+    let (w, g) = (want.to_f64_vec().unwrap(), got.to_f64_vec().unwrap());
+    let signal: f64 = w.iter().map(|x| x * x).sum();
+    let noise: f64 = w.iter().zip(&g).map(|(a, b)| (a - b) * (a - b)).sum();
+    10.0 * (signal / noise.max(1e-30)).log10()
+}
+
+/// A float16 model (tiny_cnn with its weights and interface in float16) is quantized as
+/// the float32 model it approximates: its input and output stay float16, ONNX Runtime runs
+/// it, and its output is as close to ONNX Runtime's float16 run of the float model as the
+/// float32 model's quantized output is to the float32 model. Without the upcast, qforge
+/// quantized none of its nodes.
+#[test]
+fn a_float16_model_is_quantized_computing_in_float32_behind_its_float16_interface() {
+    let wide = qforge_onnx::load(&qforge_testkit::repo().join("examples/tiny_cnn.onnx")).unwrap();
+    let mut narrow = wide.clone();
+    let ids: Vec<_> = narrow.graph.values().map(|(id, _)| id).collect();
+    for id in ids {
+        if let Some(t) = narrow.graph.value(id).unwrap().initializer().cloned() {
+            narrow.graph.set_initializer(id, to_f16(&t)).unwrap();
+        }
+        if let Some(qforge_ir::ValueType::Tensor { elem: Some(e), .. }) = narrow.graph.value_mut(id).unwrap().ty.as_mut() {
+            *e = qforge_ir::DType::F16;
+        }
+    }
+    let feeds = qforge_testkit::seeded_feeds(&[("x", &[1, 3, 32, 32])], 8);
+    let narrow_feeds: Vec<Vec<(String, Tensor)>> = feeds.iter().map(|f| f.iter().map(|(n, t)| (n.clone(), to_f16(t))).collect()).collect();
+    let backend = BackendConfig::load("ort").unwrap();
+    let q = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let (qn, report) = quantize(&narrow, &q, &narrow_feeds, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let (qw, _) = quantize(&wide, &q, &feeds, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let up = report.upcast.as_ref().expect("the report says the model was upcast");
+    assert_eq!((up.from.as_slice(), up.boundary.as_slice()), (&["float16".to_string()][..], &["x".to_string(), "probs".to_string()][..]), "{up:?}");
+    assert!(up.constants == 6, "six float16 initializers widened: {up:?}");
+    assert_eq!(report.nodes.iter().filter(|n| n.quantized && n.op == "Conv").count(), 2, "both Convs quantized");
+    let tmp = TempDir::new("ptq-f16");
+    let paths: Vec<_> = [("narrow", &narrow), ("qn", &qn), ("wide", &wide), ("qw", &qw)].into_iter().map(|(name, m)| {
+        let p = tmp.path().join(format!("{name}.onnx"));
+        qforge_onnx::save(m, &p).unwrap();
+        p
+    }).collect();
+    for (f16_feed, f32_feed) in narrow_feeds.iter().zip(&feeds).take(3) {
+        let float16 = ort_run_with(&paths[0], f16_feed, 1, true).remove(0).1;
+        let quant16 = ort_run_with(&paths[1], f16_feed, 1, true).remove(0).1;
+        let float32 = ort_run_with(&paths[2], f32_feed, 1, true).remove(0).1;
+        let quant32 = ort_run_with(&paths[3], f32_feed, 1, true).remove(0).1;
+        assert_eq!(quant16.dtype(), qforge_ir::DType::F16, "the output stays float16");
+        let (s16, s32) = (sqnr_db(&float16, &quant16), sqnr_db(&float32, &quant32));
+        println!("float16 model quantized: {s16:.1} dB against ONNX Runtime's float16 run; float32 model: {s32:.1} dB");
+        assert!(s16 > s32 - 1.0 && s16 > 20.0, "float16: {s16:.1} dB, float32: {s32:.1} dB");
+    }
+}

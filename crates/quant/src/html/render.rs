@@ -123,6 +123,7 @@ fn summary(out: &mut String, r: &HtmlReport) {
     warnings.extend(rep.widened.iter().map(|r| r.to_string()));
     warnings.extend(rep.narrow_inputs.iter().map(|r| r.to_string()));
     warnings.extend(rep.narrow_weight_channels.iter().map(|r| r.to_string()));
+    warnings.extend(rep.upcast_note());
     warnings.extend(rep.constant_inputs_note());
     warnings.extend(rep.floors_note());
     warnings.extend(rep.bias_adjusted.iter().map(|(w, n)| format!("weight '{w}': scale enlarged on {n} channel(s) so the int32 bias does not overflow")));
