@@ -413,6 +413,108 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             let branch = match node.attr("then_branch") { Some(Attr::Graph(g)) => g, _ => return None };
             branch.outputs().iter().map(|v| out(branch.value(*v).ok().and_then(|v| v.ty.clone()))).collect()
         }
+        "GridSample" => {
+            let s = shape(&x).zip(ins.get(1).and_then(shape)).filter(|(xs, gs)| xs.len() >= 3 && gs.len() == xs.len())
+                .map(|(xs, gs)| [xs[..2].to_vec(), gs[1..gs.len() - 1].to_vec()].concat());
+            vec![out(ty(elem(&x), s))]
+        }
+        "AffineGrid" => {
+            let s = ins.get(1).and_then(|k| k.value.clone()).filter(|v| v.len() == 4 || v.len() == 5)
+                .map(|v| [vec![v[0].clone()], v[2..].to_vec(), vec![Dim::Known(v.len() as i64 - 2)]].concat());
+            vec![out(ty(elem(&x), s))]
+        }
+        "RoiAlign" => {
+            let rois = ins.get(1).and_then(shape).and_then(|s| s.first().cloned()).unwrap_or(Dim::Unknown);
+            let c = shape(&x).filter(|s| s.len() == 4).map(|s| s[1].clone()).unwrap_or(Dim::Unknown);
+            let bins = |a: &str| Dim::Known(node.attr_int(a).unwrap_or(1));
+            vec![out(ty(elem(&x), Some(vec![rois, c, bins("output_height"), bins("output_width")])))]
+        }
+        "DFT" => {
+            let (inverse, onesided) = (node.attr_int("inverse").unwrap_or(0) != 0, node.attr_int("onesided").unwrap_or(0) != 0);
+            let scalar = |i: usize| ins.get(i).and_then(ints).and_then(|v| v.first().copied());
+            let axis = if opset < 20 { Some(node.attr_int("axis").unwrap_or(1)) } else if node.input(2).is_some() { scalar(2) } else { Some(-2) };
+            let s = shape(&x).filter(|s| s.len() >= 2).map(|xs| {
+                let r = xs.len();
+                let mut o = xs.clone();
+                o[r - 1] = Dim::Known(if inverse && onesided { 1 } else { 2 });
+                match axis.and_then(|a| norm_axis(a, r)).filter(|&a| a < r - 1) {
+                    Some(a) => {
+                        let n = match node.input(1) {
+                            Some(_) => scalar(1),
+                            None if inverse && onesided => xs[a].known().map(|d| 2 * (d - 1)),
+                            None => xs[a].known(),
+                        };
+                        o[a] = match n {
+                            Some(n) if onesided && !inverse => Dim::Known(n / 2 + 1),
+                            Some(n) => Dim::Known(n),
+                            None if node.input(1).is_none() && !onesided => xs[a].clone(),
+                            None => Dim::Unknown,
+                        };
+                    }
+                    None => o[..r - 1].iter_mut().for_each(|d| *d = Dim::Unknown),
+                }
+                o
+            });
+            vec![out(ty(elem(&x), s))]
+        }
+        "STFT" => {
+            let onesided = node.attr_int("onesided").unwrap_or(1) != 0;
+            let xs = shape(&x).filter(|s| s.len() == 3);
+            let step = ins.get(1).and_then(ints).and_then(|v| v.first().copied());
+            let frame = ins.get(3).and_then(ints).and_then(|v| v.first().copied())
+                .or_else(|| ins.get(2).and_then(shape).and_then(|s| s.first().and_then(|d| d.known())));
+            let length = xs.as_ref().and_then(|s| s[1].known());
+            let frames = match (length, frame, step) {
+                (Some(l), Some(f), Some(st)) if st > 0 && f <= l => Dim::Known((l - f) / st + 1),
+                _ => Dim::Unknown,
+            };
+            let bins = frame.map(|f| Dim::Known(if onesided { f / 2 + 1 } else { f })).unwrap_or(Dim::Unknown);
+            let batch = xs.map(|s| s[0].clone()).unwrap_or(Dim::Unknown);
+            vec![out(ty(elem(&x), Some(vec![batch, frames, bins, Dim::Known(2)])))]
+        }
+        "HannWindow" | "HammingWindow" | "BlackmanWindow" => {
+            let to = DType::from_onnx(node.attr_int("output_datatype").unwrap_or(1) as i32);
+            let size = ints(&x).and_then(|v| v.first().copied()).map(Dim::Known).unwrap_or(Dim::Unknown);
+            vec![out(ty(to, Some(vec![size])))]
+        }
+        "MelWeightMatrix" => {
+            let to = DType::from_onnx(node.attr_int("output_datatype").unwrap_or(1) as i32);
+            let scalar = |i: usize| ins.get(i).and_then(ints).and_then(|v| v.first().copied());
+            let spectrum = scalar(1).map(|n| Dim::Known(n / 2 + 1)).unwrap_or(Dim::Unknown);
+            let mels = scalar(0).map(Dim::Known).unwrap_or(Dim::Unknown);
+            vec![out(ty(to, Some(vec![spectrum, mels])))]
+        }
+        "Scan" => {
+            let body = match node.attr("body") { Some(Attr::Graph(g)) => g, _ => return None };
+            let m = node.attr_int("num_scan_inputs").and_then(|m| usize::try_from(m).ok())?;
+            let batched = opset < 9;
+            let given = &ins[usize::from(batched).min(ins.len())..];
+            let n = given.len().checked_sub(m)?;
+            let first_scan = given.get(n).and_then(shape);
+            let seq = first_scan.as_ref().and_then(|s| {
+                let a = if batched { 1 } else { node.attr_ints("scan_input_axes").and_then(|v| v.first().copied()).unwrap_or(0) };
+                norm_axis(a, s.len()).and_then(|a| s.get(a).cloned())
+            }).unwrap_or(Dim::Unknown);
+            let batch = first_scan.as_ref().and_then(|s| s.first().cloned()).unwrap_or(Dim::Unknown);
+            let out_axes = attr_ints(node, "scan_output_axes").unwrap_or_default();
+            body.outputs().iter().enumerate().map(|(i, v)| {
+                let t = body.value(*v).ok().and_then(|v| v.ty.clone());
+                let e = t.as_ref().and_then(|t| t.elem());
+                let s = t.as_ref().and_then(|t| t.shape()).cloned();
+                let s = match (i < n, batched) {
+                    (true, false) => s,
+                    (true, true) => s.map(|s| [vec![batch.clone()], s].concat()),
+                    (false, true) => s.map(|s| [vec![batch.clone(), seq.clone()], s].concat()),
+                    (false, false) => s.and_then(|s| {
+                        let a = norm_axis(out_axes.get(i - n).copied().unwrap_or(0), s.len() + 1)?;
+                        let mut s = s;
+                        s.insert(a, seq.clone());
+                        Some(s)
+                    }),
+                };
+                out(ty(e, s))
+            }).collect()
+        }
         _ => return None,
     })
 }

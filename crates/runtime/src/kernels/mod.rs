@@ -16,7 +16,9 @@ mod quantize;
 mod reduce;
 mod resize;
 mod rnn;
+mod sampling;
 mod shape;
+mod signal;
 pub(crate) mod util;
 
 /// Registers every built-in kernel.
@@ -33,5 +35,7 @@ pub fn register_all(r: &mut crate::Registry) {
     reduce::register(r);
     resize::register(r);
     rnn::register(r);
+    sampling::register(r);
     shape::register(r);
+    signal::register(r);
 }
