@@ -227,4 +227,30 @@ mod tests {
         assert_eq!(report.unknown_ops.len(), 1);
         assert!(g.value(u).unwrap().ty.is_none());
     }
+
+    #[test]
+    fn windows_over_three_spatial_axes_give_their_output_sizes() {
+        use crate::Attr;
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[2, 4, 9, 8, 7]))).unwrap();
+        let w = g.add_input("w", Some(ValueType::tensor_of(DType::F32, &[6, 2, 3, 2, 3]))).unwrap();
+        let wt = g.add_input("wt", Some(ValueType::tensor_of(DType::F32, &[4, 3, 3, 3, 3]))).unwrap();
+        let ints = |v: &[i64]| Attr::Ints(v.to_vec());
+        let mut node = |op: &str, inputs: &[ValueId], attrs: Vec<(&str, Attr)>| {
+            let name = g.unique_name(&op.to_lowercase());
+            let out = g.new_value(name.clone(), None).unwrap();
+            let n = attrs.into_iter().fold(Node::new(op, name).with_inputs(inputs.iter().copied()).with_outputs([out]), |n, (k, v)| n.with_attr(k, v));
+            g.add_node(n).unwrap();
+            out
+        };
+        let conv = node("Conv", &[x, w], vec![("group", Attr::Int(2)), ("strides", ints(&[2, 1, 3])), ("dilations", ints(&[1, 2, 1])), ("pads", ints(&[1, 0, 1, 1, 2, 0]))]);
+        let pool = node("MaxPool", &[x], vec![("kernel_shape", ints(&[2, 3, 2])), ("strides", ints(&[2, 2, 2])), ("dilations", ints(&[2, 1, 1])), ("ceil_mode", Attr::Int(1))]);
+        let deconv = node("ConvTranspose", &[x, wt], vec![("strides", ints(&[2, 2, 2])), ("output_padding", ints(&[1, 0, 0])), ("pads", ints(&[1, 1, 0, 1, 1, 0]))]);
+        g.set_outputs(vec![conv, pool, deconv]).unwrap();
+        let report = infer_graph(&mut g, &[OpsetImport { domain: String::new(), version: 22 }]);
+        assert!(report.unknown_ops.is_empty() && report.conflicts.is_empty(), "{report:?}");
+        assert_eq!(g.value(conv).unwrap().ty, Some(ValueType::tensor_of(DType::F32, &[2, 6, 5, 8, 2])));
+        assert_eq!(g.value(pool).unwrap().ty, Some(ValueType::tensor_of(DType::F32, &[2, 4, 4, 4, 4])));
+        assert_eq!(g.value(deconv).unwrap().ty, Some(ValueType::tensor_of(DType::F32, &[2, 3, 18, 15, 15])));
+    }
 }

@@ -64,29 +64,86 @@ fn attr_ints(n: &Node, name: &str) -> Option<Vec<i64>> {
     n.attr_ints(name).map(|v| v.to_vec())
 }
 
-/// Output size of a sliding window along one axis, when the input size is known.
+/// Output size of a sliding window along one axis, when the input size is known and the
+/// window fits (positive kernel, stride and dilation; non-negative pads).
 fn window(n: Dim, k: i64, s: i64, d: i64, pb: i64, pe: i64, auto: &str, ceil: bool) -> Dim {
     let Dim::Known(n) = n else { return Dim::Unknown };
-    let span = (k - 1) * d + 1;
-    match auto {
-        "SAME_UPPER" | "SAME_LOWER" => Dim::Known((n + s - 1) / s),
-        "VALID" => Dim::Known((n - span) / s + 1),
-        _ => {
-            let p = n + pb + pe - span;
-            if p < 0 { return Dim::Unknown; }
-            let mut o = if ceil { (p + s - 1) / s + 1 } else { p / s + 1 };
-            if ceil && (o - 1) * s >= n + pb { o -= 1; }
-            Dim::Known(o)
-        }
+    if k < 1 || s < 1 || d < 1 || pb < 0 || pe < 0 {
+        return Dim::Unknown;
     }
+    let Some(span) = (k - 1).checked_mul(d).and_then(|v| v.checked_add(1)) else { return Dim::Unknown };
+    let (pb, pe) = match auto {
+        "SAME_UPPER" | "SAME_LOWER" => return Dim::Known((n + s - 1) / s),
+        "VALID" => (0, 0),
+        _ => (pb, pe),
+    };
+    let Some(p) = n.checked_add(pb).and_then(|v| v.checked_add(pe)).map(|v| v - span).filter(|&p| p >= 0) else { return Dim::Unknown };
+    let mut o = if ceil { (p + s - 1) / s + 1 } else { p / s + 1 };
+    if ceil && (o - 1) * s >= n + pb {
+        o -= 1;
+    }
+    Dim::Known(o)
 }
 
+/// Spatial output sizes of a sliding window with one `kernel` size per spatial axis of `x`
+/// (`[N, C, D1, ...]`); unknown where `x` has no such axis.
 fn windowed(node: &Node, x: &Shape, kernel: &[i64]) -> Shape {
     let r = kernel.len();
     let get = |name: &str, i: usize, d: i64| node.attr_ints(name).and_then(|v| v.get(i).copied()).unwrap_or(d);
     let auto = node.attr_str("auto_pad").unwrap_or("NOTSET");
     let ceil = node.attr_int("ceil_mode").unwrap_or(0) != 0;
-    (0..r).map(|i| window(x[2 + i].clone(), kernel[i], get("strides", i, 1), get("dilations", i, 1), get("pads", i, 0), get("pads", i + r, 0), auto, ceil)).collect()
+    (0..r).map(|i| match x.get(2 + i) {
+        Some(n) => window(n.clone(), kernel[i], get("strides", i, 1), get("dilations", i, 1), get("pads", i, 0), get("pads", i + r, 0), auto, ceil),
+        None => Dim::Unknown,
+    }).collect()
+}
+
+/// The output shape of Resize over input `xs` with constant `sizes` or `scales` (one per
+/// resized axis: the `axes` attribute's, else every axis), honoring
+/// `keep_aspect_ratio_policy`; resized axes are unknown when neither is known.
+fn resized_shape(node: &Node, xs: &Shape, sizes: Option<Vec<i64>>, scales: Option<Vec<f64>>) -> Shape {
+    let r = xs.len();
+    let axes: Vec<usize> = match attr_ints(node, "axes") {
+        Some(a) => match a.iter().map(|&v| norm_axis(v, r)).collect::<Option<Vec<_>>>() {
+            Some(a) => a,
+            None => return vec![Dim::Unknown; r],
+        },
+        None => (0..r).collect(),
+    };
+    let mut out = xs.clone();
+    if let Some(sz) = sizes.filter(|v| v.len() == axes.len()) {
+        let policy = node.attr_str("keep_aspect_ratio_policy").unwrap_or("stretch");
+        if policy == "stretch" {
+            for (&a, &n) in axes.iter().zip(&sz) {
+                out[a] = Dim::Known(n);
+            }
+            return out;
+        }
+        let known: Option<Vec<i64>> = axes.iter().map(|&a| xs[a].known()).collect();
+        let Some(inputs) = known.filter(|v| v.iter().all(|&n| n > 0)) else {
+            axes.iter().for_each(|&a| out[a] = Dim::Unknown);
+            return out;
+        };
+        let ratios = sz.iter().zip(&inputs).map(|(&o, &n)| o as f64 / n as f64);
+        let scale = if policy == "not_larger" { ratios.fold(f64::INFINITY, f64::min) } else { ratios.fold(f64::NEG_INFINITY, f64::max) };
+        for (&a, &n) in axes.iter().zip(&inputs) {
+            out[a] = Dim::Known((scale * n as f64 + 0.5).floor() as i64);
+        }
+        return out;
+    }
+    match scales.filter(|v| v.len() == axes.len()) {
+        Some(sc) => {
+            for (&a, f) in axes.iter().zip(sc) {
+                out[a] = match &xs[a] { Dim::Known(n) => Dim::Known((*n as f64 * f).floor() as i64), d if f == 1.0 => d.clone(), _ => Dim::Unknown };
+            }
+        }
+        None => {
+            // Without an `axes` attribute, batch and channels are taken to be kept.
+            let first = if attr_ints(node, "axes").is_some() { 0 } else { 2 };
+            axes.iter().filter(|&&a| a >= first).for_each(|&a| out[a] = Dim::Unknown);
+        }
+    }
+    out
 }
 
 /// Output types (and small integer values) of a node, or `None` for an op without a rule.
@@ -341,7 +398,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
                     let r = xs.len() - 2;
                     let m = match &ws[1] { Dim::Known(k) => Dim::Known(k * group), _ => Dim::Unknown };
                     let sp: Vec<Dim> = (0..r).map(|i| {
-                        if let Some(os) = attr_ints(node, "output_shape") { return Dim::Known(os[os.len() - r + i]); }
+                        if let Some(os) = attr_ints(node, "output_shape") { return os.len().checked_sub(r).and_then(|at| os.get(at + i)).map_or(Dim::Unknown, |&o| Dim::Known(o)); }
                         let get = |n: &str, j: usize, d: i64| node.attr_ints(n).and_then(|v| v.get(j).copied()).unwrap_or(d);
                         match (&xs[2 + i], &ws[2 + i]) {
                             (Dim::Known(n), Dim::Known(k)) => {
@@ -372,15 +429,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
         }
         "Resize" | "Upsample" => {
             let (scales_i, sizes_i) = if opset >= 11 && node.op_type == "Resize" { (2, Some(3)) } else { (1, None) };
-            let s = shape(&x).map(|xs| {
-                if let Some(sz) = sizes_i.and_then(|i| ins.get(i)).and_then(ints).filter(|v| v.len() == xs.len()) {
-                    return sz.into_iter().map(Dim::Known).collect();
-                }
-                match ins.get(scales_i).and_then(|k| k.constant.as_ref()).and_then(|t| t.to_f64_vec().ok()).filter(|v| v.len() == xs.len()) {
-                    Some(sc) => xs.iter().zip(sc).map(|(d, f)| match d { Dim::Known(n) => Dim::Known((*n as f64 * f).floor() as i64), _ if f == 1.0 => d.clone(), _ => Dim::Unknown }).collect(),
-                    None => xs.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::Unknown }).collect(),
-                }
-            });
+            let s = shape(&x).map(|xs| resized_shape(node, &xs, sizes_i.and_then(|i| ins.get(i)).and_then(ints), ins.get(scales_i).and_then(|k| k.constant.as_ref()).and_then(|t| t.to_f64_vec().ok())));
             vec![out(ty(elem(&x), s))]
         }
         "LSTM" | "GRU" => {

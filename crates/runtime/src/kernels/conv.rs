@@ -1,4 +1,5 @@
-//! Convolutions (1-D and 2-D, grouped and depthwise) and transposed convolutions, NCHW.
+//! Convolutions and transposed convolutions over any number of spatial axes (grouped and
+//! depthwise), channels first, with fast paths for 1-D and 2-D.
 
 use std::mem::MaybeUninit;
 
@@ -60,26 +61,39 @@ impl Window {
         Window { kernel: None, strides: lift(&self.strides, 1), dilations: lift(&self.dilations, 1), pads: lift(&self.pads, 0), auto_pad: self.auto_pad.clone(), ceil_mode: self.ceil_mode }
     }
 
-    /// Geometry for spatial input sizes and kernel sizes (from the weight when not given).
+    /// Geometry of each spatial axis for input sizes `spatial` and kernel sizes `kernel` (one
+    /// per axis). Errors when a per-axis attribute does not have one value per axis (`pads`:
+    /// two), a stride, dilation or kernel size is zero, the window does not fit in the padded
+    /// input, or a size overflows.
     pub fn axes(&self, spatial: &[usize], kernel: &[usize]) -> RuntimeResult<Vec<Axis>> {
         let r = spatial.len();
-        let get = |v: &Option<Vec<usize>>, i: usize, d: usize| v.as_ref().and_then(|v| v.get(i).copied()).unwrap_or(d);
-        (0..r).map(|i| {
-            let (n, k, s, d) = (spatial[i], kernel[i], get(&self.strides, i, 1).max(1), get(&self.dilations, i, 1).max(1));
-            if k == 0 {
-                return Err(kernel_error(format!("kernel size 0 on spatial axis {i}; every kernel dimension must be at least 1")));
+        if kernel.len() != r {
+            return Err(kernel_error(format!("kernel {kernel:?} does not have one size per spatial axis of {spatial:?}")));
+        }
+        for (name, values, want) in [("kernel_shape", &self.kernel, r), ("strides", &self.strides, r), ("dilations", &self.dilations, r), ("pads", &self.pads, 2 * r)] {
+            if let Some(v) = values.as_ref().filter(|v| v.len() != want) {
+                return Err(kernel_error(format!("'{name}' has {} values {v:?}; {r} spatial axes need {want}", v.len())));
             }
-            let span = (k - 1) * d + 1;
+        }
+        let get = |v: &Option<Vec<usize>>, i: usize, d: usize| v.as_ref().map_or(d, |v| v[i]);
+        let overflow = |i: usize| kernel_error(format!("the window geometry on spatial axis {i} overflows"));
+        (0..r).map(|i| {
+            let (n, k, s, d) = (spatial[i], kernel[i], get(&self.strides, i, 1), get(&self.dilations, i, 1));
+            if k == 0 || s == 0 || d == 0 {
+                return Err(kernel_error(format!("spatial axis {i} has kernel size {k}, stride {s} and dilation {d}; each must be at least 1")));
+            }
+            let span = (k - 1).checked_mul(d).and_then(|v| v.checked_add(1)).ok_or_else(|| overflow(i))?;
             let (pb, pe) = match self.auto_pad.as_str() {
                 "SAME_UPPER" | "SAME_LOWER" => {
                     let out = n.div_ceil(s);
-                    let total = ((out - 1) * s + span).saturating_sub(n);
+                    let total = if out == 0 { 0 } else { ((out - 1) * s).checked_add(span).ok_or_else(|| overflow(i))?.saturating_sub(n) };
                     if self.auto_pad == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) }
                 }
                 "VALID" => (0, 0),
-                _ => (get(&self.pads, i, 0), get(&self.pads, i + r, 0)),
+                "NOTSET" => (get(&self.pads, i, 0), get(&self.pads, i + r, 0)),
+                other => return Err(kernel_error(format!("auto_pad '{other}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID"))),
             };
-            let padded = n + pb + pe;
+            let padded = n.checked_add(pb).and_then(|v| v.checked_add(pe)).ok_or_else(|| overflow(i))?;
             if padded < span {
                 return Err(kernel_error(format!("window {span} is larger than the padded input {padded} on spatial axis {i}")));
             }
@@ -92,7 +106,19 @@ impl Window {
     }
 }
 
+/// Checks that an output of `dtype` elements and `shape`, which a kernel is about to allocate,
+/// stays within [`MAX_OUTPUT_BYTES`]; the error names it `what`.
+pub(crate) fn check_output_size(what: &str, dtype: DType, shape: &[usize]) -> RuntimeResult<()> {
+    Tensor::checked_byte_len(dtype, shape, MAX_OUTPUT_BYTES).map(|_| ()).map_err(|e| kernel_error(format!("{what} {shape:?} is too large: {e}")))
+}
+
+/// The largest output a convolution or pooling kernel allocates, in bytes.
+const MAX_OUTPUT_BYTES: u64 = 8 << 30;
+
 impl Axis {
+    /// An axis of size 1 with a 1-tap window: the height a 1-D input gets on the 2-D paths.
+    pub(crate) const UNIT: Axis = Axis { input: 1, kernel: 1, stride: 1, dilation: 1, pad_begin: 0, pad_end: 0, output: 1 };
+
     /// The output positions `[lo, hi)` whose input index `o * stride + offset` lies inside the
     /// input (`offset` is a kernel tap's dilated position minus the leading padding).
     fn valid_outputs(&self, offset: isize) -> (usize, usize) {
@@ -210,12 +236,18 @@ impl Finish<'_> {
 /// channel planes of `plane` elements; channel `ch` is output channel `ch0 + ch` of the
 /// image, whose first element is output element `base`): each tile unfolds its own columns
 /// (small enough to stay in cache), multiplies them with the weights and finishes its
-/// blocks; tiles run in parallel.
+/// blocks; tiles run in parallel. An output row is a run along the last of `axes` (two or
+/// more spatial axes); rows are numbered row-major over the other axes.
 #[allow(clippy::too_many_arguments)]
-fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
-    let (oh, ow) = (h.output, w.output);
+fn conv_tiled(src: &[f32], cg: usize, axes: &[Axis], weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
+    let (last, lead) = axes.split_last().expect("at least one spatial axis");
+    let ow = last.output;
+    let oh: usize = lead.iter().map(|a| a.output).product();
     let plane = oh * ow;
-    let kdim = cg * h.kernel * w.kernel;
+    if plane == 0 {
+        return;
+    }
+    let kdim = cg * axes.iter().map(|a| a.kernel).product::<usize>();
     // About 256 KiB of columns per tile, at least one output row.
     let rows_per_tile = ((64 * 1024) / (kdim * ow).max(1)).clamp(1, oh);
     let out = OutPtr::new(dst);
@@ -224,7 +256,10 @@ fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usi
         let rows = r0..(r0 + rows_per_tile).min(oh);
         let width = rows.len() * ow;
         col.resize(kdim * width, 0.0);
-        im2col_rows(src, cg, h, w, rows.clone(), col);
+        match *axes {
+            [h, w] => im2col_rows(src, cg, h, w, rows.clone(), col),
+            _ => im2col_nd(src, cg, axes, rows.clone(), col),
+        }
         // SAFETY: the `mg` rows of `width` columns `plane` apart from this tile's first
         // column lie inside the output (asserted above) and belong to this tile alone (rows
         // are disjoint across tiles); `col` and `weights` are other memory.
@@ -232,6 +267,100 @@ fn conv_tiled(src: &[f32], cg: usize, h: Axis, w: Axis, weights: &[f32], mg: usi
         // SAFETY: the product just wrote this tile's columns, which no other tile touches.
         unsafe { finish_tile(fin, out, rows.start * ow, mg, plane, width, base + rows.start * ow, scratch) };
     });
+}
+
+/// [`im2col_rows`] for any number of spatial `axes` (at least two): unfolds output rows
+/// `rows` (runs along the last axis, numbered row-major over the other axes' output
+/// positions) of one image of `channels` channels into `col[(c * taps + t) * width + i]`,
+/// where `t` is the kernel tap (row-major over the kernel, as in the weight), `width` is
+/// `rows.len()` times the last axis's output size, and `i` counts the rows' outputs in
+/// order. Taps that fall in the padding read zero.
+fn im2col_nd(x: &[f32], channels: usize, axes: &[Axis], rows: std::ops::Range<usize>, col: &mut [f32]) {
+    let (last, lead) = axes.split_last().expect("at least one spatial axis");
+    let ow = last.output;
+    let width = rows.len() * ow;
+    let lead_taps: usize = lead.iter().map(|a| a.kernel).product();
+    let image: usize = axes.iter().map(|a| a.input).product();
+    let off = |kj: usize| (kj * last.dilation) as isize - last.pad_begin as isize;
+    for c in 0..channels {
+        let img = &x[c * image..(c + 1) * image];
+        for tap in 0..lead_taps {
+            for (t, row) in rows.clone().enumerate() {
+                let line = input_line(lead, row, tap).map(|l| &img[l * last.input..(l + 1) * last.input]);
+                for kj in 0..last.kernel {
+                    let r = (c * lead_taps + tap) * last.kernel + kj;
+                    let dst = &mut col[r * width + t * ow..r * width + (t + 1) * ow];
+                    let Some(src) = line else {
+                        dst.fill(0.0);
+                        continue;
+                    };
+                    let (lo, hi) = last.valid_outputs(off(kj));
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    if lo == hi {
+                        continue;
+                    }
+                    let start = (lo as isize * last.stride as isize + off(kj)) as usize;
+                    if last.stride == 1 {
+                        dst[lo..hi].copy_from_slice(&src[start..start + (hi - lo)]);
+                    } else {
+                        for (d, s) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(last.stride)) {
+                            *d = *s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The input line (index of a run along the last spatial axis, row-major over the `lead`
+/// axes' input positions) that output row `row` (row-major over the `lead` axes' output
+/// positions) reads through kernel tap `tap` (row-major over the `lead` axes' kernel), or
+/// `None` when that tap falls in the padding.
+fn input_line(lead: &[Axis], mut row: usize, mut tap: usize) -> Option<usize> {
+    let (mut line, mut stride) = (0, 1);
+    for a in lead.iter().rev() {
+        let (o, k) = (row % a.output, tap % a.kernel);
+        (row, tap) = (row / a.output, tap / a.kernel);
+        let i = (o * a.stride + k * a.dilation).checked_sub(a.pad_begin).filter(|&i| i < a.input)?;
+        line += i * stride;
+        stride *= a.input;
+    }
+    Some(line)
+}
+
+/// The convolution of [`conv_with`] over three or more spatial `axes`, per image and group:
+/// pointwise windows multiply the input directly, others unfold tiles of output rows
+/// ([`conv_tiled`]); each block is finished by `fin`.
+fn conv_nd(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], axes: &[Axis], group: usize, fin: Finish) -> Vec<f32> {
+    let (n, c, m, cg) = (xshape[0], xshape[1], wshape[0], wshape[1]);
+    let image: usize = axes.iter().map(|a| a.input).product();
+    let plane: usize = axes.iter().map(|a| a.output).product();
+    let mg = m / group;
+    let kdim = cg * axes.iter().map(|a| a.kernel).product::<usize>();
+    let pointwise = axes.iter().all(|a| a.kernel == 1 && a.stride == 1 && a.pad_begin == 0 && a.pad_end == 0);
+    let mut out = uninit::<f32>(n * m * plane);
+    for b in 0..n {
+        for g in 0..group {
+            let src = &x[(b * c + g * cg) * image..(b * c + (g + 1) * cg) * image];
+            let wg = &w[g * mg * kdim..(g + 1) * mg * kdim];
+            let base = (b * m + g * mg) * plane;
+            let dst = &mut out[base..base + mg * plane];
+            if kdim == 0 {
+                dst.iter_mut().for_each(|v| { v.write(0.0); });
+                // SAFETY: written just above.
+                fin.apply(unsafe { assume_init_mut(dst) }, base, &mut Scratch::new());
+            } else if pointwise {
+                conv_pointwise(src, kdim, plane, wg, mg, dst, base, fin);
+            } else {
+                conv_tiled(src, cg, axes, wg, mg, dst, base, fin);
+            }
+        }
+    }
+    // SAFETY: every path above writes every element of each group's output planes, and
+    // the groups of every image cover the whole output.
+    unsafe { assume_init(out) }
 }
 
 /// Finishes a tile of `mg` channels by `width` columns from element `start` of `out`
@@ -601,7 +730,7 @@ impl Conv {
             (None, None) => None,
         };
         let xv = to_f32(x)?;
-        Ok(match conv2d_with(&xv, x.shape(), w, wshape, bias, &self.window, self.group, epilogue)? {
+        Ok(match conv_with(&xv, x.shape(), w, wshape, bias, &self.window, self.group, epilogue)? {
             Some((out, shape)) => Some(from_f32(x.dtype(), &shape, out)?),
             None => None,
         })
@@ -614,31 +743,30 @@ impl Kernel for Conv {
     }
 }
 
-/// NC(H)W convolution (1-D inputs are treated as height 1) with an optional bias, followed
-/// by an optional epilogue program (input 0: the convolution's output; then the given
-/// inputs, as data and shape) applied to each output block while it is in cache.
-/// `Ok(None)` when the program does not bind to the output shape.
+/// Convolution of `x` (`[N, C, D1, ..., Dr]`, r >= 1 spatial axes) with weight `w`
+/// (`[M, C / group, K1, ..., Kr]`) and an optional bias (`M` values), followed by an optional
+/// epilogue program (input 0: the convolution's output; then the given inputs, as data and
+/// shape) applied to each output block while it is in cache. Returns the output
+/// `[N, M, O1, ..., Or]`, or `Ok(None)` when the program does not bind to the output shape.
+/// 1-D and 2-D convolutions run on the 2-D paths (1-D as height 1), others on [`conv_nd`].
 #[allow(clippy::too_many_arguments)]
-fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Option<&[f32]>, window: &Window, group: usize, epilogue: Epilogue) -> RuntimeResult<Option<(Vec<f32>, Vec<usize>)>> {
-    let one_d = xshape.len() == 3;
-    if !(xshape.len() == 4 || one_d) || wshape.len() != xshape.len() {
-        return Err(kernel_error(format!("only 1-D and 2-D convolutions are supported (input {xshape:?}, weight {wshape:?})")));
+fn conv_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Option<&[f32]>, window: &Window, group: usize, epilogue: Epilogue) -> RuntimeResult<Option<(Vec<f32>, Vec<usize>)>> {
+    if xshape.len() < 3 || wshape.len() != xshape.len() {
+        return Err(kernel_error(format!("Conv needs an input [N, C, D1, ...] with at least one spatial axis and a weight of the same rank; got input {xshape:?}, weight {wshape:?}")));
     }
-    let (n, c) = (xshape[0], xshape[1]);
-    let (ih, iw) = if one_d { (1, xshape[2]) } else { (xshape[2], xshape[3]) };
-    let (m, cg) = (wshape[0], wshape[1]);
-    let (kh, kw) = if one_d { (1, wshape[2]) } else { (wshape[2], wshape[3]) };
+    let (c, m, cg) = (xshape[1], wshape[0], wshape[1]);
     if group == 0 || c != cg * group || m % group != 0 {
-        return Err(kernel_error(format!("input channels {c}, weight {wshape:?} and group {group} do not fit")));
+        return Err(kernel_error(format!("input channels {c}, weight {wshape:?} and group {group} do not fit: the weight needs input channels / group = {} on axis 1 and output channels divisible by the group", c / group.max(1))));
     }
-    if bias.is_some_and(|b| b.len() != m) {
-        return Err(kernel_error(format!("bias has {} values for {m} output channels", bias.unwrap().len())));
+    if let Some(b) = bias.filter(|b| b.len() != m) {
+        return Err(kernel_error(format!("bias has {} values for {m} output channels", b.len())));
     }
-    let win = if one_d { window.lifted_1d() } else { window.clone() };
-    let axes = win.axes(&[ih, iw], &[kh, kw])?;
-    let (h, wa) = (axes[0], axes[1]);
-    let (oh, ow) = (h.output, wa.output);
-    let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
+    if let Some(k) = window.kernel.as_ref().filter(|k| k[..] != wshape[2..]) {
+        return Err(kernel_error(format!("kernel_shape {k:?} differs from the weight's spatial sizes {:?}", &wshape[2..])));
+    }
+    let axes = window.axes(&xshape[2..], &wshape[2..])?;
+    let shape: Vec<usize> = [xshape[0], m].into_iter().chain(axes.iter().map(|a| a.output)).collect();
+    check_output_size("Conv output", DType::F32, &shape)?;
     let bound = match epilogue {
         Some((prog, extras)) => match prog.bind(&shape, extras) {
             Some(b) => Some(b),
@@ -646,10 +774,26 @@ fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: O
         },
         None => None,
     };
+    let fin = Finish { bias, channels: m, plane: shape[2..].iter().product(), epilogue: bound.as_ref() };
+    let out = match axes[..] {
+        [wa] => conv_2d(x, xshape, w, wshape, Axis::UNIT, wa, group, fin),
+        [h, wa] => conv_2d(x, xshape, w, wshape, h, wa, group, fin),
+        _ => conv_nd(x, xshape, w, wshape, &axes, group, fin),
+    };
+    Ok(Some((out, shape)))
+}
+
+/// The 2-D convolution of [`conv_with`] (a 1-D input has height `h` = [`Axis::UNIT`]) over
+/// validated shapes and the axes' geometry, finished by `fin`: depthwise, pointwise, direct
+/// or tiled im2col paths per image and group.
+#[allow(clippy::too_many_arguments)]
+fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa: Axis, group: usize, fin: Finish) -> Vec<f32> {
+    let (n, c, m, cg) = (xshape[0], xshape[1], wshape[0], wshape[1]);
+    let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
+    let (oh, ow) = (h.output, wa.output);
     let plane = oh * ow;
     let mg = m / group;
     let kdim = cg * kh * kw;
-    let fin = Finish { bias, channels: m, plane, epilogue: bound.as_ref() };
     let mut out = uninit::<f32>(n * m * plane);
     let pointwise = kh == 1 && kw == 1 && h.stride == 1 && wa.stride == 1 && h.pad_begin + h.pad_end + wa.pad_begin + wa.pad_end == 0;
     let depthwise = cg == 1 && mg == 1;
@@ -673,14 +817,14 @@ fn conv2d_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: O
                 } else if wa.output >= LANES && direct_conv_applies() {
                     conv_direct(src, cg, h, wa, wg, mg, out, base, fin);
                 } else {
-                    conv_tiled(src, cg, h, wa, wg, mg, out, base, fin);
+                    conv_tiled(src, cg, &[h, wa], wg, mg, out, base, fin);
                 }
             }
         }
     }
     // SAFETY: every path above writes every element of each group's output planes, and
     // the groups of every image cover the whole output.
-    Ok(Some((unsafe { assume_init(out) }, shape)))
+    unsafe { assume_init(out) }
 }
 
 /// One filter per channel, written to `dst` (whose first element is output element `base`)
@@ -1173,59 +1317,203 @@ fn conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     Ok(Box::new(build_conv(info)?))
 }
 
+/// Plans a ConvTranspose node: input `[N, C, D1, ..., Dr]` (r >= 1), weight
+/// `[C, M / group, K1, ..., Kr]`, optional bias `[M]`; output `[N, M, O1, ..., Or]` with
+/// each axis's size and padding from `output_shape`, `auto_pad` or `pads` as the ONNX spec
+/// defines them. 1-D and 2-D run on [`transposed_conv_2d`] (1-D as height 1), others on
+/// [`transposed_conv_nd`].
 fn conv_transpose(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let window = Window::from_node(info)?;
-    let group = info.attr_int("group", 1).max(1) as usize;
-    let output_padding = info.attr_ints("output_padding");
-    let output_shape = info.attr_ints("output_shape");
+    let group = usize::try_from(info.attr_int("group", 1)).ok().filter(|&g| g > 0).ok_or_else(|| info.error("'group' must be positive"))?;
+    let non_negative = |name: &str| -> RuntimeResult<Option<Vec<usize>>> {
+        info.attr_ints(name).map(|v| v.iter().map(|&x| usize::try_from(x).map_err(|_| info.error(format!("'{name}' has a negative value {x}")))).collect()).transpose()
+    };
+    let output_padding = non_negative("output_padding")?;
+    let output_shape = non_negative("output_shape")?;
     kernel(move |ins| {
         let (x, wt) = (input(ins, 0)?, input(ins, 1)?);
         let (xs, ws) = (x.shape(), wt.shape());
-        if xs.len() != 4 || ws.len() != 4 {
-            return Err(kernel_error(format!("only 2-D transposed convolutions are supported (input {xs:?}, weight {ws:?})")));
+        if xs.len() < 3 || ws.len() != xs.len() {
+            return Err(kernel_error(format!("ConvTranspose needs an input [N, C, D1, ...] with at least one spatial axis and a weight of the same rank; got input {xs:?}, weight {ws:?}")));
         }
-        let (n, c, ih, iw) = (xs[0], xs[1], xs[2], xs[3]);
-        let (mg, kh, kw) = (ws[1], ws[2], ws[3]);
+        let (n, c, mg) = (xs[0], xs[1], ws[1]);
         if ws[0] != c || c % group != 0 {
-            return Err(kernel_error(format!("input channels {c} do not match weight {ws:?} with group {group}")));
+            return Err(kernel_error(format!("input channels {c} do not match weight {ws:?} with group {group}: the weight needs {c} rows, a multiple of the group")));
         }
-        let m = mg * group;
-        let get = |v: &Option<Vec<usize>>, i: usize, d: usize| v.as_ref().and_then(|v| v.get(i).copied()).unwrap_or(d);
-        let op = |i: usize| output_padding.as_ref().and_then(|v| v.get(i).copied()).unwrap_or(0).max(0) as usize;
-        let mut geo = vec![];
-        for (i, (&inp, &k)) in [ih, iw].iter().zip(&[kh, kw]).enumerate() {
-            let (s, d) = (get(&window.strides, i, 1).max(1), get(&window.dilations, i, 1).max(1));
-            let span = (k - 1) * d + 1;
-            let (pb, pe, out) = if let Some(os) = &output_shape {
-                let out = *os.get(os.len() - 2 + i).ok_or_else(|| kernel_error("output_shape needs the spatial sizes"))? as usize;
-                let total = (s * (inp - 1) + op(i) + span).saturating_sub(out);
-                if window.auto_pad == "SAME_UPPER" { (total / 2, total - total / 2, out) } else { (total - total / 2, total / 2, out) }
-            } else {
-                let (pb, pe) = match window.auto_pad.as_str() {
-                    "SAME_UPPER" | "SAME_LOWER" => {
-                        let total = (s * (inp - 1) + op(i) + span).saturating_sub(inp * s);
-                        if window.auto_pad == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) }
-                    }
-                    "VALID" => (0, 0),
-                    _ => (get(&window.pads, i, 0), get(&window.pads, i + 2, 0)),
-                };
-                let full = s * (inp - 1) + op(i) + span;
-                (pb, pe, full.checked_sub(pb + pe).ok_or_else(|| kernel_error("padding exceeds the output"))?)
-            };
-            geo.push((s, d, pb, pe, out));
-        }
-        let ((sh, dh, ph, _, oh), (sw, dw, pw, _, ow)) = (geo[0], geo[1]);
+        let axes = transposed_axes(&window, output_padding.as_deref(), output_shape.as_deref(), &xs[2..], &ws[2..])?;
+        let m = mg.checked_mul(group).ok_or_else(|| kernel_error("output channel count overflows"))?;
+        let shape: Vec<usize> = [n, m].into_iter().chain(axes.iter().map(|a| a.output)).collect();
+        check_output_size("ConvTranspose output", x.dtype(), &shape)?;
         let (xv, wv) = (to_f32(x)?, to_f32(wt)?);
         let bias = opt_input(ins, 2).map(to_f32).transpose()?;
-        if let Some(b) = &bias {
-            if b.len() != m {
-                return Err(kernel_error(format!("bias has {} values for {m} output channels", b.len())));
-            }
+        if let Some(b) = bias.as_ref().filter(|b| b.len() != m) {
+            return Err(kernel_error(format!("bias has {} values for {m} output channels", b.len())));
         }
-        let geo = TransposedConv { n, c, ih, iw, group, mg, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow };
-        let out = transposed_conv_2d(&xv, &wv, bias.as_deref(), &geo);
-        Ok(vec![from_f32(x.dtype(), &[n, m, oh, ow], out)?])
+        let planar = |h: TransposedAxis, w: TransposedAxis| TransposedConv {
+            n, c, ih: h.input, iw: w.input, group, mg, kh: h.kernel, kw: w.kernel, sh: h.stride, sw: w.stride,
+            dh: h.dilation, dw: w.dilation, ph: h.pad_begin, pw: w.pad_begin, oh: h.output, ow: w.output,
+        };
+        let out = match axes[..] {
+            [w] => transposed_conv_2d(&xv, &wv, bias.as_deref(), &planar(TransposedAxis::UNIT, w)),
+            [h, w] => transposed_conv_2d(&xv, &wv, bias.as_deref(), &planar(h, w)),
+            _ => transposed_conv_nd(&xv, &wv, bias.as_deref(), n, c, group, mg, &axes),
+        };
+        Ok(vec![from_f32(x.dtype(), &shape, out)?])
     })
+}
+
+/// A transposed convolution's geometry along one spatial axis: input position `i` reaches
+/// output position `i * stride + k * dilation - pad_begin` through kernel tap `k`; taps
+/// that land outside `[0, output)` are dropped.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct TransposedAxis {
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pad_begin: usize,
+    output: usize,
+}
+
+impl TransposedAxis {
+    /// An axis of size 1 with a 1-tap window: the height a 1-D input gets on the 2-D path.
+    const UNIT: TransposedAxis = TransposedAxis { input: 1, kernel: 1, stride: 1, dilation: 1, pad_begin: 0, output: 1 };
+}
+
+/// The geometry of each spatial axis of a transposed convolution with input sizes `spatial`
+/// and kernel sizes `kernel`. The full output along an axis is `stride * (input - 1) +
+/// output_padding + (kernel - 1) * dilation + 1`. With `output_shape` (the spatial sizes,
+/// optionally after N and C) the padding is that full size minus the requested one, split
+/// as `auto_pad` says (the larger half at the end for SAME_UPPER, else at the start); else
+/// SAME_UPPER/SAME_LOWER pad it to `input * stride`, VALID does not pad, and NOTSET takes
+/// `pads`. Errors name the attribute or axis that does not fit.
+fn transposed_axes(window: &Window, output_padding: Option<&[usize]>, output_shape: Option<&[usize]>, spatial: &[usize], kernel: &[usize]) -> RuntimeResult<Vec<TransposedAxis>> {
+    let r = spatial.len();
+    for (name, len, want) in [
+        ("kernel_shape", window.kernel.as_ref().map(Vec::len), r),
+        ("strides", window.strides.as_ref().map(Vec::len), r),
+        ("dilations", window.dilations.as_ref().map(Vec::len), r),
+        ("pads", window.pads.as_ref().map(Vec::len), 2 * r),
+        ("output_padding", output_padding.map(<[usize]>::len), r),
+    ] {
+        if len.is_some_and(|l| l != want) {
+            return Err(kernel_error(format!("'{name}' has {} values; {r} spatial axes need {want}", len.unwrap_or(0))));
+        }
+    }
+    if let Some(k) = window.kernel.as_ref().filter(|k| k[..] != *kernel) {
+        return Err(kernel_error(format!("kernel_shape {k:?} differs from the weight's spatial sizes {kernel:?}")));
+    }
+    let requested = match output_shape {
+        Some(os) if os.len() == r => Some(os),
+        Some(os) if os.len() == r + 2 => Some(&os[2..]),
+        Some(os) => return Err(kernel_error(format!("output_shape {os:?} does not give the {r} spatial output sizes"))),
+        None => None,
+    };
+    let get = |v: Option<&[usize]>, i: usize, d: usize| v.map_or(d, |v| v[i]);
+    (0..r).map(|i| {
+        let (inp, k) = (spatial[i], kernel[i]);
+        let (s, d) = (get(window.strides.as_deref(), i, 1), get(window.dilations.as_deref(), i, 1));
+        if inp == 0 || k == 0 || s == 0 || d == 0 {
+            return Err(kernel_error(format!("spatial axis {i} has input size {inp}, kernel size {k}, stride {s} and dilation {d}; each must be at least 1")));
+        }
+        let overflow = || kernel_error(format!("the output size on spatial axis {i} overflows"));
+        let full = s.checked_mul(inp - 1).and_then(|v| v.checked_add(get(output_padding, i, 0)))
+            .and_then(|v| (k - 1).checked_mul(d).and_then(|span| v.checked_add(span + 1))).ok_or_else(overflow)?;
+        let split = |total: usize| if window.auto_pad == "SAME_UPPER" { (total / 2, total - total / 2) } else { (total - total / 2, total / 2) };
+        let (pad_begin, output) = if let Some(os) = requested {
+            (split(full.saturating_sub(os[i])).0, os[i])
+        } else {
+            let (pb, pe) = match window.auto_pad.as_str() {
+                "SAME_UPPER" | "SAME_LOWER" => split(full.saturating_sub(inp.checked_mul(s).ok_or_else(overflow)?)),
+                "VALID" => (0, 0),
+                "NOTSET" => (get(window.pads.as_deref(), i, 0), get(window.pads.as_deref(), i + r, 0)),
+                other => return Err(kernel_error(format!("auto_pad '{other}' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID"))),
+            };
+            let out = pb.checked_add(pe).and_then(|p| full.checked_sub(p))
+                .ok_or_else(|| kernel_error(format!("pads {pb} + {pe} exceed the full output size {full} on spatial axis {i}")))?;
+            (pb, out)
+        };
+        Ok(TransposedAxis { input: inp, kernel: k, stride: s, dilation: d, pad_begin, output })
+    }).collect()
+}
+
+/// A transposed convolution over any number of spatial `axes` (input `[n, c, ...]`, weight
+/// `[c, mg, K...]` in `group` groups, output `[n, group * mg, ...]`), its output starting at
+/// `bias` (or zero). Per image and group, blocks of output channels run in parallel (their
+/// output planes are disjoint); each block takes the input in blocks of lines (runs along
+/// the last axis) small enough for the product `cols = w_gᵀ · x_g` to stay in cache, and
+/// adds each row of `cols` (one output channel and kernel tap) into the output lines its
+/// input lines reach.
+#[allow(clippy::too_many_arguments)]
+fn transposed_conv_nd(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, c: usize, group: usize, mg: usize, axes: &[TransposedAxis]) -> Vec<f32> {
+    let (last, lead) = axes.split_last().expect("at least one spatial axis");
+    let (m, cg) = (mg * group, c / group);
+    let taps: usize = axes.iter().map(|a| a.kernel).product();
+    let image: usize = axes.iter().map(|a| a.input).product();
+    let plane: usize = axes.iter().map(|a| a.output).product();
+    let mut out = vec![0f32; n * m * plane];
+    if let Some(b) = bias {
+        for (p, dst) in out.chunks_mut(plane.max(1)).enumerate() {
+            dst.fill(b[p % m]);
+        }
+    }
+    if image == 0 || taps == 0 || cg == 0 || plane == 0 || mg == 0 {
+        return out;
+    }
+    let (iw, ow) = (last.input, last.output);
+    let lines = image / iw;
+    let kdim = mg * taps;
+    let oc_step = mg.div_ceil(threads().max(1));
+    let lines_per_block = (TRANSPOSED_BLOCK_BYTES / 4 / (oc_step * taps * iw)).clamp(1, lines);
+    let parallel_gemm = oc_step == mg;
+    for b in 0..n {
+        for g in 0..group {
+            let src = &x[(b * c + g * cg) * image..(b * c + (g + 1) * cg) * image];
+            let wg = &w[g * cg * kdim..(g + 1) * cg * kdim];
+            let dst = &mut out[(b * m + g * mg) * plane..(b * m + (g + 1) * mg) * plane];
+            par_chunks_mut(dst, oc_step * plane, min_items(oc_step * taps * image * cg), Vec::new, |cols: &mut Vec<f32>, blk, planes| {
+                let (oc0, count) = (blk * oc_step, planes.len() / plane);
+                for l0 in (0..lines).step_by(lines_per_block) {
+                    let block = l0..(l0 + lines_per_block).min(lines);
+                    let width = block.len() * iw;
+                    cols.resize(count * taps * width, 0.0);
+                    // SAFETY: `cols` holds the `count * taps` rows of `width` values written
+                    // here and is borrowed by nothing else; the weight rows of this block's
+                    // channels and the input lines lie inside `wg` and `src`.
+                    unsafe { sgemm_into(count * taps, width, cg, MatRef::transposed(&wg[oc0 * taps..], kdim), MatRef { data: &src[l0 * iw..], rs: image, cs: 1 }, cols.as_mut_ptr(), width, false, parallel_gemm) };
+                    for (oc, out_plane) in planes.chunks_mut(plane).enumerate() {
+                        for tap in 0..taps {
+                            let row = &cols[(oc * taps + tap) * width..(oc * taps + tap + 1) * width];
+                            let (lead_tap, kj) = (tap / last.kernel, tap % last.kernel);
+                            let offset = (kj * last.dilation) as isize - last.pad_begin as isize;
+                            for (t, line) in block.clone().enumerate() {
+                                if let Some(o) = output_line(lead, line, lead_tap) {
+                                    add_strided(&mut out_plane[o * ow..(o + 1) * ow], &row[t * iw..(t + 1) * iw], offset, last.stride);
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    }
+    out
+}
+
+/// The output line (index of a run along the last spatial axis, row-major over the `lead`
+/// axes' output positions) that input line `line` (row-major over the `lead` axes' input
+/// positions) reaches through kernel tap `tap` (row-major over the `lead` axes' kernel) of a
+/// transposed convolution, or `None` when that lands outside the output.
+fn output_line(lead: &[TransposedAxis], mut line: usize, mut tap: usize) -> Option<usize> {
+    let (mut at, mut stride) = (0, 1);
+    for a in lead.iter().rev() {
+        let (i, k) = (line % a.input, tap % a.kernel);
+        (line, tap) = (line / a.input, tap / a.kernel);
+        let o = (i * a.stride + k * a.dilation).checked_sub(a.pad_begin).filter(|&o| o < a.output)?;
+        at += o * stride;
+        stride *= a.output;
+    }
+    Some(at)
 }
 
 /// The geometry of a 2-D transposed convolution, NCHW: input `[n, c, ih, iw]`, weight
@@ -1524,7 +1812,7 @@ mod tests {
         }
     }
 
-    /// Runs every case through [`conv2d_with`] and compares it with [`naive`].
+    /// Runs every case through [`conv_with`] and compares it with [`naive`].
     fn check_cases(cases: &[Case]) {
         for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
             let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
@@ -1532,7 +1820,7 @@ mod tests {
             let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
             let window = Window { kernel: None, strides: Some(stride.to_vec()), dilations: Some(dil.to_vec()), pads: Some(pads.to_vec()), auto_pad: "NOTSET".into(), ceil_mode: false };
             let (want, wshape) = naive(&x, xs, &w, ws, &b, stride, dil, [pads[0], pads[1], pads[2], pads[3]], group);
-            let (got, shape) = conv2d_with(&x, &xs, &w, &ws, Some(&b), &window, group, None).unwrap().unwrap();
+            let (got, shape) = conv_with(&x, &xs, &w, &ws, Some(&b), &window, group, None).unwrap().unwrap();
             assert_eq!(shape, wshape.to_vec(), "case {k}");
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, element {i}: {g} vs {e}");
@@ -1604,6 +1892,153 @@ mod tests {
                         let e = if bias.is_some() { *e } else { e - b[i / (oh * ow) % (mg * group)] };
                         assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, threads {threads}, bias {}, element {i}: {g} vs {e}", bias.is_some());
                     }
+                }
+            }
+        }
+    }
+
+    /// The coordinates of row-major offset `flat` in `dims`.
+    fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+        let mut at = vec![0; dims.len()];
+        for (a, &d) in at.iter_mut().zip(dims).rev() {
+            *a = flat % d;
+            flat /= d;
+        }
+        at
+    }
+
+    /// The row-major offset of coordinates `at` in `dims`.
+    fn ravel(at: &[usize], dims: &[usize]) -> usize {
+        at.iter().zip(dims).fold(0, |acc, (&a, &d)| acc * d + a)
+    }
+
+    /// Deterministic test values in about [-2, 2].
+    fn values(len: usize, mul: usize, modulus: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * mul % modulus) as f32 - (modulus / 2) as f32) / 25.0).collect()
+    }
+
+    /// A convolution over any number of spatial axes by its definition, in f64, with explicit
+    /// pads (`[begin..., end...]`); returns the output and its shape.
+    #[allow(clippy::too_many_arguments)]
+    fn naive_nd(x: &[f32], xs: &[usize], w: &[f32], ws: &[usize], b: &[f32], strides: &[usize], dil: &[usize], pads: &[usize], group: usize) -> (Vec<f32>, Vec<usize>) {
+        let r = xs.len() - 2;
+        let (n, c, m, cg) = (xs[0], xs[1], ws[0], ws[1]);
+        let outs: Vec<usize> = (0..r).map(|i| (xs[2 + i] + pads[i] + pads[r + i] - (ws[2 + i] - 1) * dil[i] - 1) / strides[i] + 1).collect();
+        let (taps, plane): (usize, usize) = (ws[2..].iter().product(), outs.iter().product());
+        let mg = m / group;
+        let mut out = vec![0f32; n * m * plane];
+        for (i, v) in out.iter_mut().enumerate() {
+            let (b0, o, pos) = (i / (m * plane), i / plane % m, unravel(i % plane, &outs));
+            let mut acc = b[o] as f64;
+            for ci in 0..cg {
+                for t in 0..taps {
+                    let k = unravel(t, &ws[2..]);
+                    let at: Option<Vec<usize>> = (0..r).map(|a| (pos[a] * strides[a] + k[a] * dil[a]).checked_sub(pads[a]).filter(|&p| p < xs[2 + a])).collect();
+                    if let Some(at) = at {
+                        let xi = (b0 * c + o / mg * cg + ci) * xs[2..].iter().product::<usize>() + ravel(&at, &xs[2..]);
+                        acc += x[xi] as f64 * w[(o * cg + ci) * taps + t] as f64;
+                    }
+                }
+            }
+            *v = acc as f32;
+        }
+        (out, [vec![n, m], outs].concat())
+    }
+
+    #[test]
+    fn convolutions_over_three_and_four_spatial_axes_match_their_definition() {
+        // (input shape, weight shape, strides, dilations, pads, group): dense, strided and
+        // padded, dilated, grouped, depthwise, pointwise, and four spatial axes.
+        type NdCase = (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, usize);
+        let cases: Vec<NdCase> = vec![
+            (vec![2, 3, 3, 4, 5], vec![4, 3, 2, 3, 4], vec![1, 1, 1], vec![1, 1, 1], vec![0; 6], 1),
+            (vec![1, 3, 6, 7, 9], vec![5, 3, 3, 2, 3], vec![2, 1, 3], vec![1, 2, 1], vec![1, 0, 2, 2, 1, 1], 1),
+            (vec![1, 4, 5, 6, 7], vec![6, 2, 3, 3, 3], vec![1, 2, 1], vec![2, 1, 1], vec![1, 1, 1, 0, 1, 1], 2),
+            (vec![1, 5, 4, 5, 6], vec![5, 1, 3, 3, 3], vec![1, 1, 2], vec![1, 1, 1], vec![1, 1, 1, 1, 1, 1], 5),
+            (vec![2, 6, 3, 4, 5], vec![7, 6, 1, 1, 1], vec![1, 1, 1], vec![1, 1, 1], vec![0; 6], 1),
+            (vec![1, 2, 3, 4, 3, 5], vec![3, 2, 2, 3, 2, 3], vec![1, 2, 1, 2], vec![1, 1, 2, 1], vec![0, 1, 1, 0, 1, 0, 0, 1], 1),
+        ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for (k, (xs, ws, strides, dil, pads, group)) in cases.iter().enumerate() {
+                let x = values(xs.iter().product(), 37, 101);
+                let w = values(ws.iter().product(), 53, 89);
+                let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
+                let window = Window { kernel: None, strides: Some(strides.clone()), dilations: Some(dil.clone()), pads: Some(pads.clone()), auto_pad: "NOTSET".into(), ceil_mode: false };
+                let (want, wshape) = naive_nd(&x, xs, &w, ws, &b, strides, dil, pads, *group);
+                let (got, shape) = pool.install(|| conv_with(&x, xs, &w, ws, Some(&b), &window, *group, None)).unwrap().unwrap();
+                assert_eq!(shape, wshape, "case {k}");
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, threads {threads}, element {i}: {g} vs {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn convolution_shape_errors_are_reported() {
+        let window = Window { kernel: None, strides: None, dilations: None, pads: None, auto_pad: "NOTSET".into(), ceil_mode: false };
+        let x = vec![0f32; 2 * 3 * 4 * 4 * 4];
+        let w = vec![0f32; 4 * 3 * 2 * 2 * 2];
+        let err = |xs: &[usize], ws: &[usize], window: &Window, group: usize| conv_with(&x, xs, &w, ws, None, window, group, None).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err(&[2, 3], &[4, 3], &window, 1).contains("at least one spatial axis"));
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2], &window, 1).contains("same rank"));
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 2, 2, 2, 2], &window, 1).contains("do not fit"));
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2, 2], &window, 0).contains("do not fit"));
+        let short_strides = Window { strides: Some(vec![1, 1]), ..window.clone() };
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2, 2], &short_strides, 1).contains("'strides' has 2 values"));
+        let zero_stride = Window { strides: Some(vec![1, 0, 1]), ..window.clone() };
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2, 2], &zero_stride, 1).contains("must be at least 1"));
+        let huge_pads = Window { pads: Some(vec![usize::MAX, 0, 0, usize::MAX, 0, 0]), ..window.clone() };
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2, 2], &huge_pads, 1).contains("overflows"));
+        let big_pads = Window { pads: Some(vec![1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20]), ..window.clone() };
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2, 2], &big_pads, 1).contains("too large"));
+        let kernel_shape = Window { kernel: Some(vec![3, 3, 3]), ..window };
+        assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2, 2], &kernel_shape, 1).contains("differs from the weight"));
+    }
+
+    #[test]
+    fn transposed_convolutions_over_three_spatial_axes_match_their_definition() {
+        // (input shape, output channels per group, kernel, strides, dilations, pads begin,
+        // extra output per axis, group).
+        type NdCase = ([usize; 5], usize, [usize; 3], [usize; 3], [usize; 3], [usize; 3], [usize; 3], usize);
+        let cases: [NdCase; 4] = [
+            ([1, 1, 3, 4, 5], 2, [3, 3, 3], [1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0], 1),
+            ([2, 4, 3, 5, 4], 3, [2, 3, 2], [2, 1, 3], [1, 2, 1], [1, 0, 1], [1, 0, 0], 2),
+            ([1, 3, 4, 3, 6], 5, [3, 2, 3], [2, 2, 2], [1, 1, 2], [1, 1, 2], [0, 1, 1], 1),
+            ([1, 2, 2, 2, 40], 9, [1, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 0], [0, 0, 0], 1),
+        ];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for (k, &(xs, mg, kernel, strides, dil, pads, extra, group)) in cases.iter().enumerate() {
+                let axes: Vec<TransposedAxis> = (0..3).map(|i| TransposedAxis {
+                    input: xs[2 + i], kernel: kernel[i], stride: strides[i], dilation: dil[i], pad_begin: pads[i],
+                    output: strides[i] * (xs[2 + i] - 1) + extra[i] + (kernel[i] - 1) * dil[i] + 1 - 2 * pads[i],
+                }).collect();
+                let (n, c, m) = (xs[0], xs[1], mg * group);
+                let outs: Vec<usize> = axes.iter().map(|a| a.output).collect();
+                let (image, plane, taps) = (xs[2..].iter().product::<usize>(), outs.iter().product::<usize>(), kernel.iter().product::<usize>());
+                let x = values(n * c * image, 37, 101);
+                let w = values(c * mg * taps, 53, 89);
+                let b: Vec<f32> = (0..m).map(|i| i as f32 * 0.25 - 1.0).collect();
+                let mut want: Vec<f64> = (0..n * m * plane).map(|i| b[i / plane % m] as f64).collect();
+                for (xi, &v) in x.iter().enumerate() {
+                    let (b0, ci, pos) = (xi / (c * image), xi / image % c, unravel(xi % image, &xs[2..]));
+                    for o in 0..mg {
+                        for t in 0..taps {
+                            let kk = unravel(t, &kernel);
+                            let at: Option<Vec<usize>> = (0..3).map(|a| (pos[a] * strides[a] + kk[a] * dil[a]).checked_sub(pads[a]).filter(|&p| p < outs[a])).collect();
+                            if let Some(at) = at {
+                                let oc = ci / (c / group) * mg + o;
+                                want[(b0 * m + oc) * plane + ravel(&at, &outs)] += v as f64 * w[(ci * mg + o) * taps + t] as f64;
+                            }
+                        }
+                    }
+                }
+                let got = pool.install(|| transposed_conv_nd(&x, &w, Some(&b), n, c, group, mg, &axes));
+                assert_eq!(got.len(), want.len(), "case {k}");
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!((*g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, threads {threads}, element {i}: {g} vs {e}");
                 }
             }
         }

@@ -1,10 +1,11 @@
-//! Pooling: MaxPool, AveragePool, their global forms, and LRN. NC(H)W, 1-D or 2-D.
+//! Pooling: MaxPool, AveragePool, their global forms, and LRN. Channels first, over any
+//! number of spatial axes, with fast paths for 1-D and 2-D.
 
 use rayon::prelude::*;
 
-use super::conv::{Axis, Window};
+use super::conv::{check_output_size, Axis, Window};
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, kernel, lane_sum, tensor, threads, vectorized};
+use super::util::{input, kernel, lane_sum, min_items, par_chunks_mut, tensor, threads, vectorized, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 use qforge_ir::DType;
 
@@ -17,29 +18,53 @@ pub fn register(r: &mut Registry) {
     r.add("", "LRN", 1, LATEST, lrn);
 }
 
+/// Plans a MaxPool or AveragePool node: input `[N, C, D1, ..., Dr]` (r >= 1, one
+/// `kernel_shape` entry per spatial axis), output `[N, C, O1, ..., Or]` with the window
+/// geometry of [`Window::axes`] (`auto_pad`, `pads`, `strides`, `dilations`, `ceil_mode`).
+/// MaxPool takes the largest value of each window (taps in the padding are ignored; an
+/// all-padding window gives the lowest value) and, when its second output is wanted, the
+/// flat index of that value in the input (the first one on ties): row-major, or with
+/// `storage_order` 1 column-major within each `[N, C]` plane. AveragePool divides each
+/// window's sum by its taps inside the input, or with `count_include_pad` by its taps inside
+/// the padded input.
 fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let max = info.node.op_type == "MaxPool";
     let window = Window::from_node(info)?;
     let kernel_shape = window.kernel.clone().ok_or_else(|| info.error("'kernel_shape' is required"))?;
     let include_pad = info.attr_int("count_include_pad", 0) != 0;
     let storage_order = info.attr_int("storage_order", 0);
+    if !(0..=1).contains(&storage_order) {
+        return Err(info.error(format!("'storage_order' is {storage_order}; it must be 0 (row-major) or 1 (column-major)")));
+    }
     let wants_indices = info.node.outputs.len() > 1 && info.node.output(1).is_some();
     kernel(move |ins| {
         let x = input(ins, 0)?;
         let s = x.shape();
-        if !(s.len() == 3 || s.len() == 4) || kernel_shape.len() != s.len() - 2 {
-            return Err(kernel_error(format!("only 1-D and 2-D pooling is supported (input {s:?}, kernel {kernel_shape:?})")));
+        if s.len() < 3 || kernel_shape.len() != s.len() - 2 {
+            return Err(kernel_error(format!("pooling needs an input [N, C, D1, ...] with at least one spatial axis and one kernel_shape entry per spatial axis; got input {s:?}, kernel_shape {kernel_shape:?}")));
         }
-        let one_d = s.len() == 3;
+        let axes = window.axes(&s[2..], &kernel_shape)?;
+        let shape: Vec<usize> = s[..2].iter().copied().chain(axes.iter().map(|a| a.output)).collect();
+        check_output_size("pooling output", x.dtype(), &shape)?;
         let (n, c) = (s[0], s[1]);
-        let (ih, iw) = if one_d { (1, s[2]) } else { (s[2], s[3]) };
-        let (kh, kw) = if one_d { (1, kernel_shape[0]) } else { (kernel_shape[0], kernel_shape[1]) };
-        let win = if one_d { window.lifted_1d() } else { window.clone() };
-        let axes = win.axes(&[ih, iw], &[kh, kw])?;
-        let (h, w) = (axes[0], axes[1]);
+        let (h, w) = match axes[..] {
+            [w] => (Axis::UNIT, w),
+            [h, w] => (h, w),
+            _ => {
+                let xv = if max { values_f32(x)? } else { to_f32(x)? };
+                let order = if storage_order == 0 { IndexOrder::RowMajor } else { IndexOrder::ColumnMajor };
+                let mode = if max { PoolMode::Max { indices: wants_indices.then_some(order) } } else { PoolMode::Average { include_pad } };
+                let (out, ind) = pool_nd(&xv, n * c, &axes, mode);
+                let mut outs = vec![values_from_f32(x.dtype(), &shape, out)?];
+                if wants_indices {
+                    outs.push(tensor(&shape, ind)?);
+                }
+                return Ok(outs);
+            }
+        };
+        let (ih, iw) = (h.input, w.input);
         let (oh, ow) = (h.output, w.output);
         let (rows, cols) = (Taps::of(h), Taps::of(w));
-        let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
         if max && !wants_indices {
             match x.dtype() {
                 DType::U8 => return Ok(vec![tensor(&shape, max_pool_integers(x.as_slice::<u8>()?, u8::MIN, n * c, [ih, iw], [oh, ow], &rows, &cols, [h.dilation, w.dilation]))?]),
@@ -174,6 +199,137 @@ impl Taps {
     }
 }
 
+/// What [`pool_nd`] computes per window.
+#[derive(Debug, Clone, Copy)]
+enum PoolMode {
+    /// The largest value, and its input index in this order when wanted.
+    Max { indices: Option<IndexOrder> },
+    /// The mean, over the taps inside the padded input when `include_pad`, else over those
+    /// inside the input.
+    Average { include_pad: bool },
+}
+
+/// How MaxPool numbers an input element in its Indices output.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum IndexOrder {
+    /// Row-major over the whole input tensor.
+    RowMajor,
+    /// The plane's row-major offset plus the element's column-major offset within its plane.
+    ColumnMajor,
+}
+
+/// Pooling of `planes` planes of `x` (each row-major over `axes`' input sizes, any number of
+/// spatial axes) into planes over `axes`' output sizes, as `mode` says; returns the pooled
+/// values and, for MaxPool with indices, the index of each maximum (else no indices). An
+/// empty window gives -inf and index 0 for MaxPool, 0 for AveragePool. Planes run in
+/// parallel.
+fn pool_nd(x: &[f32], planes: usize, axes: &[Axis], mode: PoolMode) -> (Vec<f32>, Vec<i64>) {
+    let (last, lead) = axes.split_last().expect("at least one spatial axis");
+    let image: usize = axes.iter().map(|a| a.input).product();
+    let plane: usize = axes.iter().map(|a| a.output).product();
+    let taps: Vec<Taps> = axes.iter().map(|&a| Taps::of(a)).collect();
+    let (lead_taps, last_taps) = taps.split_last().map(|(l, t)| (t, l)).expect("at least one spatial axis");
+    // Input strides of the leading axes, row-major.
+    let mut in_strides = vec![0; lead.len()];
+    let mut stride = last.input;
+    for (s, a) in in_strides.iter_mut().zip(lead).rev() {
+        *s = stride;
+        stride *= a.input;
+    }
+    let indices = match mode {
+        PoolMode::Max { indices } => indices,
+        PoolMode::Average { .. } => None,
+    };
+    let mut out = vec![0f32; planes * plane];
+    let mut ind = vec![0i64; if indices.is_some() { planes * plane } else { 0 }];
+    if plane == 0 {
+        return (out, ind);
+    }
+    let pool_plane = |p: usize, dst: &mut [f32], idx: &mut [i64]| {
+        let src = &x[p * image..(p + 1) * image];
+        // Output position along the leading axes, row-major.
+        let mut at = vec![0usize; lead.len()];
+        // Window tap along the leading axes, per axis, while visiting a window.
+        let mut k = vec![0usize; lead.len()];
+        for (line, dst) in dst.chunks_mut(last.output).enumerate() {
+            if line > 0 {
+                for (o, a) in at.iter_mut().zip(lead).rev() {
+                    *o += 1;
+                    if *o < a.output {
+                        break;
+                    }
+                    *o = 0;
+                }
+            }
+            let lead_inside: usize = lead_taps.iter().zip(&at).map(|(t, &o)| t.count[o]).product();
+            let lead_padded: usize = lead_taps.iter().zip(&at).map(|(t, &o)| t.padded[o]).product();
+            for (ox, d) in dst.iter_mut().enumerate() {
+                let (xs, xn) = last_taps.valid(ox);
+                if lead_inside == 0 || xn == 0 {
+                    *d = if matches!(mode, PoolMode::Max { .. }) { f32::NEG_INFINITY } else { 0.0 };
+                    continue;
+                }
+                let (mut best, mut best_i, mut sum) = (f32::NAN, usize::MAX, 0f32);
+                k.fill(0);
+                for _ in 0..lead_inside {
+                    let base: usize = lead_taps.iter().zip(&at).zip(&k).zip(&in_strides).zip(lead).map(|((((t, &o), &ki), &s), a)| (t.start[o] + ki * a.dilation) * s).sum::<usize>() + xs;
+                    for kx in 0..xn {
+                        let i = base + kx * last.dilation;
+                        let v = src[i];
+                        if best_i == usize::MAX || v > best {
+                            (best, best_i) = (v, i);
+                        }
+                        sum += v;
+                    }
+                    for ((ki, t), &o) in k.iter_mut().zip(lead_taps).zip(&at).rev() {
+                        *ki += 1;
+                        if *ki < t.count[o] {
+                            break;
+                        }
+                        *ki = 0;
+                    }
+                }
+                *d = match mode {
+                    PoolMode::Max { .. } => best,
+                    PoolMode::Average { include_pad: true } => sum / (lead_padded * last_taps.padded[ox]) as f32,
+                    PoolMode::Average { include_pad: false } => sum / (lead_inside * xn) as f32,
+                };
+                if let Some(order) = indices {
+                    let within = if order == IndexOrder::RowMajor { best_i } else { column_major(best_i, axes) };
+                    idx[line * last.output + ox] = (p * image + within) as i64;
+                }
+            }
+        }
+    };
+    let work = min_items(plane * axes.iter().map(|a| a.kernel).product::<usize>() * ELEMENT_WORK);
+    if indices.is_some() {
+        let mut pairs: Vec<(&mut [f32], &mut [i64])> = out.chunks_mut(plane).zip(ind.chunks_mut(plane)).collect();
+        par_chunks_mut(&mut pairs, 1, work, || (), |_, p, pair| {
+            let (dst, idx) = &mut pair[0];
+            pool_plane(p, dst, idx);
+        });
+    } else {
+        par_chunks_mut(&mut out, plane, work, || (), |_, p, dst| pool_plane(p, dst, &mut []));
+    }
+    (out, ind)
+}
+
+/// The column-major offset (first axis fastest) of the element at row-major offset `flat`
+/// of a plane over `axes`' input sizes.
+fn column_major(mut flat: usize, axes: &[Axis]) -> usize {
+    let coords: Vec<usize> = axes.iter().rev().map(|a| {
+        let c = flat % a.input;
+        flat /= a.input;
+        c
+    }).collect();
+    let (mut at, mut stride) = (0, 1);
+    for (c, a) in coords.iter().rev().zip(axes) {
+        at += c * stride;
+        stride *= a.input;
+    }
+    at
+}
+
 /// The largest of the `yn x xn` window of `src` (rows `iw` long) starting at row `ys`,
 /// column `xs`, taps `dy`/`dx` apart, and its flat index (the first one on ties; NaNs are
 /// skipped unless first). `(-inf, 0)` for an empty window.
@@ -264,4 +420,69 @@ fn lrn(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         Ok(vec![from_f32(x.dtype(), s, out)?])
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pooling of one output element by its definition: every tap of the window at output
+    /// coordinates `pos`, skipping taps outside the input.
+    fn naive_window(x: &[f32], axes: &[Axis], pos: &[usize]) -> (Vec<(usize, f32)>, usize) {
+        let (mut inside, mut padded) = (vec![], 0);
+        let taps: usize = axes.iter().map(|a| a.kernel).product();
+        for t in 0..taps {
+            let (mut rest, mut flat, mut ok, mut in_padded) = (t, 0, true, true);
+            let mut k = vec![0; axes.len()];
+            for (ki, a) in k.iter_mut().zip(axes).rev() {
+                *ki = rest % a.kernel;
+                rest /= a.kernel;
+            }
+            for ((&ki, a), &o) in k.iter().zip(axes).zip(pos) {
+                let p = (o * a.stride + ki * a.dilation) as isize - a.pad_begin as isize;
+                ok &= p >= 0 && p < a.input as isize;
+                in_padded &= p < (a.input + a.pad_end) as isize;
+                flat = flat * a.input + p.max(0) as usize;
+            }
+            padded += in_padded as usize;
+            if ok {
+                inside.push((flat, x[flat]));
+            }
+        }
+        (inside, padded)
+    }
+
+    #[test]
+    fn three_dimensional_pooling_matches_its_definition() {
+        let window = Window { kernel: Some(vec![2, 3, 2]), strides: Some(vec![2, 1, 3]), dilations: Some(vec![1, 2, 1]), pads: Some(vec![1, 0, 1, 1, 2, 0]), auto_pad: "NOTSET".into(), ceil_mode: true };
+        let dims = [5, 6, 7];
+        let axes = window.axes(&dims, &[2, 3, 2]).unwrap();
+        let image: usize = dims.iter().product();
+        let planes = 3;
+        let x: Vec<f32> = (0..planes * image).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        let outs: Vec<usize> = axes.iter().map(|a| a.output).collect();
+        let plane: usize = outs.iter().product();
+        for mode in [PoolMode::Max { indices: Some(IndexOrder::RowMajor) }, PoolMode::Max { indices: Some(IndexOrder::ColumnMajor) }, PoolMode::Average { include_pad: false }, PoolMode::Average { include_pad: true }] {
+            let (got, ind) = pool_nd(&x, planes, &axes, mode);
+            for (i, &g) in got.iter().enumerate() {
+                let (p, o) = (i / plane, i % plane);
+                let pos = [o / (outs[1] * outs[2]), o / outs[2] % outs[1], o % outs[2]];
+                let (inside, padded) = naive_window(&x[p * image..(p + 1) * image], &axes, &pos);
+                match mode {
+                    PoolMode::Max { indices } => {
+                        let (at, best) = inside.iter().fold((usize::MAX, f32::NEG_INFINITY), |(bi, b), &(j, v)| if bi == usize::MAX || v > b { (j, v) } else { (bi, b) });
+                        assert_eq!(g, best, "{mode:?} element {i}");
+                        let (z, y, xx) = (at / (dims[1] * dims[2]), at / dims[2] % dims[1], at % dims[2]);
+                        let within = if indices == Some(IndexOrder::RowMajor) { at } else { z + y * dims[0] + xx * dims[0] * dims[1] };
+                        assert_eq!(ind[i], (p * image + within) as i64, "{mode:?} element {i}");
+                    }
+                    PoolMode::Average { include_pad } => {
+                        let sum: f32 = inside.iter().map(|&(_, v)| v).sum();
+                        let count = if include_pad { padded } else { inside.len() };
+                        assert!((g - sum / count as f32).abs() < 1e-5, "{mode:?} element {i}: {g} vs {}", sum / count as f32);
+                    }
+                }
+            }
+        }
+    }
 }

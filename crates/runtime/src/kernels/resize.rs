@@ -1,5 +1,5 @@
-//! Resize (opsets 10-19) and Upsample: nearest, linear and cubic, separable per axis, with
-//! every coordinate transformation mode.
+//! Resize (opsets 10-19) and Upsample: nearest, linear and cubic (optionally antialiased),
+//! separable per axis, with every coordinate transformation mode and aspect-ratio policy.
 
 use qforge_ir::DType;
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
@@ -25,9 +25,27 @@ struct Params {
     scales_input: Option<usize>,
     scales_attr: Option<Vec<f32>>,
     axes: Option<Vec<i64>>,
+    /// Whether linear and cubic filters widen by `1 / scale` when downsampling.
+    antialias: bool,
+    /// How output `sizes` are fitted to the input's aspect ratio.
+    keep_aspect: KeepAspect,
 }
 
-/// Interpolation taps for one output coordinate: (input index, weight).
+/// Resize's `keep_aspect_ratio_policy` for output sizes given by `sizes`.
+#[derive(Clone, Copy, PartialEq)]
+enum KeepAspect {
+    /// Every resized axis takes its requested size.
+    Stretch,
+    /// One scale for all resized axes, the smallest of the requested ones.
+    NotLarger,
+    /// One scale for all resized axes, the largest of the requested ones.
+    NotSmaller,
+}
+
+/// Interpolation taps for one output coordinate: (input index, weight). `x_out` is the
+/// output index along an axis of `in_len` inputs resized to `out_len` outputs by `scale`;
+/// `roi` is the axis's region of interest for `tf_crop_and_resize`. No taps means the
+/// extrapolation value.
 fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi: (f32, f32)) -> Vec<(usize, f32)> {
     let x = x_out as f32;
     let (n_in, n_out) = (in_len as f32, out_len as f32);
@@ -39,7 +57,11 @@ fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi
             center * (1.0 - adj) + (x + 0.5) / scale - 0.5
         }
         "pytorch_half_pixel" => if out_len > 1 { (x + 0.5) / scale - 0.5 } else { 0.0 },
-        "align_corners" => if out_len == 1 { 0.0 } else { x * (n_in - 1.0) / (n_out - 1.0) },
+        "align_corners" => {
+            // The resized length is the unrounded `scale * in_len`, as the ONNX reference has it.
+            let resized = scale * n_in;
+            if resized == 1.0 || out_len == 1 { 0.0 } else { x * (n_in - 1.0) / (resized - 1.0) }
+        }
         "tf_half_pixel_for_nn" => (x + 0.5) / scale,
         "tf_crop_and_resize" => if out_len > 1 { roi.0 * (n_in - 1.0) + x * (roi.1 - roi.0) * (n_in - 1.0) / (n_out - 1.0) } else { 0.5 * (roi.0 + roi.1) * (n_in - 1.0) },
         _ => x / scale,
@@ -58,6 +80,7 @@ fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi
             } as isize;
             vec![(i.clamp(0, last) as usize, 1.0)]
         }
+        "linear" | "cubic" if p.antialias => antialiased_taps(p, x_ori, in_len, scale),
         "linear" => {
             let xc = x_ori.clamp(0.0, n_in - 1.0);
             let i0 = xc.floor() as isize;
@@ -90,6 +113,46 @@ fn taps(p: &Params, x_out: usize, in_len: usize, out_len: usize, scale: f32, roi
             v
         }
     }
+}
+
+/// The taps of an antialiased linear or cubic filter at input coordinate `x_ori` along an
+/// axis of `in_len` inputs resized by `scale`: when downsampling the filter's support widens
+/// by `1 / scale` (its argument shrinks by `scale`), so every input within the support
+/// contributes; the weights are normalized to sum to one. Taps past the ends read the edge
+/// input, or with `exclude_outside` are dropped and the rest renormalized.
+fn antialiased_taps(p: &Params, x_ori: f32, in_len: usize, scale: f32) -> Vec<(usize, f32)> {
+    let s = scale.min(1.0);
+    // Taps at offsets `first..1 - first` from the input just left of `x_ori` (or from the one
+    // before `x_ori`, when it is an input position): `ratio` is in (0, 1].
+    let radius = if p.mode == "cubic" { 2.0 } else { 1.0 };
+    let first = (-radius / s).floor() as isize + 1;
+    let base = x_ori.floor();
+    let (left, ratio) = if x_ori == base { (base as isize - 1, 1.0) } else { (base as isize, x_ori - base) };
+    let a = p.cubic_a;
+    let weight = |d: f32| {
+        let d = d.abs();
+        if p.mode == "linear" {
+            (1.0 - d).clamp(0.0, 1.0)
+        } else if d <= 1.0 {
+            ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+        } else if d < 2.0 {
+            ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+        } else {
+            0.0
+        }
+    };
+    let last = in_len as isize - 1;
+    let mut v: Vec<(isize, f32)> = (first..1 - first + 1).map(|k| (left + k, weight(s * (k as f32 - ratio)))).collect();
+    let total: f32 = v.iter().map(|t| t.1).sum();
+    v.iter_mut().for_each(|t| t.1 /= total);
+    if p.exclude_outside {
+        v.retain(|t| (0..=last).contains(&t.0));
+        let kept: f32 = v.iter().map(|t| t.1).sum();
+        if kept != 0.0 {
+            v.iter_mut().for_each(|t| t.1 /= kept);
+        }
+    }
+    v.into_iter().map(|(i, w)| (i.clamp(0, last) as usize, w)).collect()
 }
 
 /// Nearest-neighbour resize as one gather: `tables[a][o]` is the source index along axis `a`
@@ -137,13 +200,14 @@ fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         scales_input: if upsample && info.opset < 9 { None } else if legacy { Some(1) } else { Some(2) },
         scales_attr: info.node.attr("scales").and_then(|a| match a { qforge_ir::Attr::Floats(v) => Some(v.clone()), _ => None }),
         axes: info.attr_ints("axes"),
+        antialias: info.attr_int("antialias", 0) != 0,
+        keep_aspect: match info.attr_str("keep_aspect_ratio_policy", "stretch").as_str() {
+            "stretch" => KeepAspect::Stretch,
+            "not_larger" => KeepAspect::NotLarger,
+            "not_smaller" => KeepAspect::NotSmaller,
+            other => return Err(info.error(format!("keep_aspect_ratio_policy '{other}' is not one of stretch, not_larger, not_smaller"))),
+        },
     };
-    if info.attr_int("antialias", 0) != 0 {
-        return Err(info.error("antialias is not supported"));
-    }
-    if info.node.attr_str("keep_aspect_ratio_policy").is_some_and(|v| v != "stretch") {
-        return Err(info.error("keep_aspect_ratio_policy other than 'stretch' is not supported"));
-    }
     kernel(move |ins| {
         let x = input(ins, 0)?;
         let s = x.shape().to_vec();
@@ -163,6 +227,14 @@ fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             for (k, &a) in axes.iter().enumerate() {
                 out[a] = v[k].max(0) as usize;
                 scales[a] = out[a] as f32 / s[a] as f32;
+            }
+            if p.keep_aspect != KeepAspect::Stretch && !axes.is_empty() {
+                let requested = axes.iter().map(|&a| out[a] as f64 / s[a] as f64);
+                let scale = if p.keep_aspect == KeepAspect::NotLarger { requested.fold(f64::INFINITY, f64::min) } else { requested.fold(f64::NEG_INFINITY, f64::max) };
+                for &a in &axes {
+                    scales[a] = scale as f32;
+                    out[a] = (scale * s[a] as f64 + 0.5).floor() as usize;
+                }
             }
         } else {
             let v: Vec<f32> = match (scales_t, &p.scales_attr) {
