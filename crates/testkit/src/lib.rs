@@ -244,7 +244,7 @@ pub fn ort_run_with(model: &Path, inputs: &[(String, qforge_ir::Tensor)], thread
 }
 
 /// Largest absolute difference, and whether every element satisfies
-/// `|a - b| <= atol + rtol * |b|` (NaNs must match).
+/// `|a - b| <= atol + rtol * |b|` (NaNs must match; equal infinities agree).
 pub fn compare(a: &qforge_ir::Tensor, b: &qforge_ir::Tensor, rtol: f64, atol: f64) -> (f64, bool) {
     assert_eq!(a.shape(), b.shape(), "shapes differ");
     let (x, y) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
@@ -253,6 +253,10 @@ pub fn compare(a: &qforge_ir::Tensor, b: &qforge_ir::Tensor, rtol: f64, atol: f6
     for (p, q) in x.iter().zip(&y) {
         if p.is_nan() || q.is_nan() {
             ok &= p.is_nan() && q.is_nan();
+            continue;
+        }
+        if p == q {
+            // Equal values, infinities among them (whose difference is NaN).
             continue;
         }
         let d = (p - q).abs();

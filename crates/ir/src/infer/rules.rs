@@ -157,7 +157,22 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
         "Relu" | "Sigmoid" | "Tanh" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Floor" | "Ceil"
         | "Round" | "Sin" | "Cos" | "Softplus" | "Softsign" | "HardSigmoid" | "HardSwish" | "LeakyRelu" | "Elu" | "Selu"
         | "Celu" | "Gelu" | "Mish" | "Sign" | "Clip" | "Softmax" | "LogSoftmax" | "Hardmax" | "LRN" | "CumSum"
-        | "InstanceNormalization" | "Not" | "PRelu" | "ThresholdedRelu" => same(),
+        | "InstanceNormalization" | "Not" | "PRelu" | "ThresholdedRelu" | "Tan" | "Sinh" | "Cosh" | "Asin" | "Acos"
+        | "Atan" | "Asinh" | "Acosh" | "Atanh" | "Swish" | "BitwiseNot" | "GroupNormalization" | "RMSNormalization"
+        | "LpNormalization" | "MeanVarianceNormalization" => same(),
+        "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitShift" => {
+            let shapes: Option<Vec<Shape>> = ins.iter().map(shape).collect();
+            vec![out(ty(elem(&x), shapes.map(|s| broadcast(&s))))]
+        }
+        "Det" => {
+            let s = shape(&x).filter(|s| s.len() >= 2).map(|s| s[..s.len() - 2].to_vec());
+            vec![out(ty(elem(&x), s))]
+        }
+        "Einsum" => {
+            let shapes: Option<Vec<Shape>> = ins.iter().map(shape).collect();
+            let s = node.attr_str("equation").zip(shapes).and_then(|(eq, shapes)| einsum_shape(eq, &shapes));
+            vec![out(ty(elem(&x), s))]
+        }
         "Identity" => vec![x.clone()],
         "Dropout" => vec![out(x.ty.clone()), out(ty(Some(DType::Bool), shape(&x)))],
         "BatchNormalization" => same(),
@@ -415,7 +430,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             };
             vec![out(ty(elem(&x), s))]
         }
-        "MaxPool" | "AveragePool" => {
+        "MaxPool" | "AveragePool" | "LpPool" => {
             let s = shape(&x).and_then(|xs| {
                 let k = attr_ints(node, "kernel_shape")?;
                 (xs.len() == k.len() + 2).then(|| [xs[..2].to_vec(), windowed(node, &xs, &k)].concat())
@@ -423,7 +438,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             let t = ty(elem(&x), s.clone());
             vec![out(t), out(ty(Some(DType::I64), s))]
         }
-        "GlobalAveragePool" | "GlobalMaxPool" => {
+        "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" => {
             let s = shape(&x).map(|xs| xs.iter().enumerate().map(|(i, d)| if i < 2 { d.clone() } else { Dim::Known(1) }).collect());
             vec![out(ty(elem(&x), s))]
         }
@@ -566,6 +581,57 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
         }
         _ => return None,
     })
+}
+
+/// The output shape of an einsum `equation` on inputs of `shapes`: each letter's size from
+/// the inputs (a size other than 1 wins over 1), ellipses broadcast; `None` when the
+/// equation does not fit the shapes.
+fn einsum_shape(equation: &str, shapes: &[Shape]) -> Option<Shape> {
+    let eq: String = equation.chars().filter(|c| *c != ' ').collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (eq.as_str(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != shapes.len() {
+        return None;
+    }
+    let mut sizes: std::collections::HashMap<char, Dim> = Default::default();
+    let mut ellipses = vec![];
+    for (term, s) in terms.iter().zip(shapes) {
+        let (head, tail) = term.split_once("...").unwrap_or((term, ""));
+        let letters = head.len() + tail.len();
+        if s.len() < letters || (!term.contains("...") && s.len() != letters) {
+            return None;
+        }
+        let dims = head.chars().zip(&s[..head.len()]).chain(tail.chars().zip(&s[s.len() - tail.len()..]));
+        for (c, d) in dims {
+            let e = sizes.entry(c).or_insert_with(|| d.clone());
+            if *e == Dim::Known(1) {
+                *e = d.clone();
+            }
+        }
+        if term.contains("...") {
+            ellipses.push(s[head.len()..s.len() - tail.len()].to_vec());
+        }
+    }
+    let ellipsis = broadcast(&ellipses);
+    let out_term: String = match rhs {
+        Some(r) => r.to_string(),
+        None => {
+            let mut once: Vec<char> = sizes.keys().copied().filter(|&c| lhs.matches(c).count() == 1).collect();
+            once.sort_unstable();
+            let letters: String = once.into_iter().collect();
+            if ellipses.is_empty() { letters } else { format!("...{letters}") }
+        }
+    };
+    let (head, tail) = out_term.split_once("...").unwrap_or((&out_term, ""));
+    let mut out: Shape = head.chars().map(|c| sizes.get(&c).cloned()).collect::<Option<_>>()?;
+    if out_term.contains("...") {
+        out.extend(ellipsis);
+    }
+    out.extend(tail.chars().map(|c| sizes.get(&c).cloned()).collect::<Option<Vec<_>>>()?);
+    Some(out)
 }
 
 fn product(dims: &[Dim]) -> Dim {

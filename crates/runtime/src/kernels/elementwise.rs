@@ -10,7 +10,8 @@ use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 /// Float ops of one input computed element by element: each output element depends only on
 /// the input element at its position and on the node's attributes.
 const UNARY_FLOAT: &[&str] = &["Relu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos",
-    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish", "Shrink"];
+    "Softplus", "Softsign", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Gelu", "Mish", "Shrink",
+    "Tan", "Sinh", "Cosh", "Asin", "Acos", "Atan", "Asinh", "Acosh", "Atanh", "Swish"];
 
 /// Ops of one input computed element by element on signed and float types, with the first
 /// opset of each.
@@ -39,6 +40,11 @@ pub fn register(r: &mut Registry) {
         r.add("", op, 1, LATEST, logic);
     }
     r.add("", "Not", 1, LATEST, not);
+    for op in ["BitwiseAnd", "BitwiseOr", "BitwiseXor"] {
+        r.add("", op, 18, LATEST, bitwise);
+    }
+    r.add("", "BitwiseNot", 18, LATEST, bitwise_not);
+    r.add("", "BitShift", 11, LATEST, bit_shift);
     r.add("", "Where", 9, LATEST, where_);
     r.add("", "Cast", 1, LATEST, cast);
     r.add("", "CastLike", 15, LATEST, cast_like);
@@ -115,6 +121,10 @@ fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult
     })
 }
 
+/// The ops of [`UNARY_FLOAT`] on f16, bf16, f32 and f64 (computed in f32), with their
+/// attributes' defaults; the trigonometric and hyperbolic ones (Tan, Sinh, Cosh, Asin, Acos,
+/// Atan from opset 7, Asinh, Acosh, Atanh from opset 9) give NaN outside their domain;
+/// Swish (opset 24) is `x * sigmoid(alpha * x)`, `alpha` 1 by default.
 fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let alpha = |d| info.attr_float("alpha", d);
     match info.node.op_type.as_str() {
@@ -131,6 +141,19 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         "Round" => unary(f32::round_ties_even),
         "Sin" => unary(f32::sin),
         "Cos" => unary(f32::cos),
+        "Tan" => unary(f32::tan),
+        "Sinh" => unary(f32::sinh),
+        "Cosh" => unary(f32::cosh),
+        "Asin" => unary(f32::asin),
+        "Acos" => unary(f32::acos),
+        "Atan" => unary(f32::atan),
+        "Asinh" => unary(f32::asinh),
+        "Acosh" => unary(f32::acosh),
+        "Atanh" => unary(f32::atanh),
+        "Swish" => {
+            let a = alpha(1.0);
+            unary(move |x: f32| x * sigmoid(a * x))
+        }
         "Softplus" => unary(|x: f32| if x > 20.0 { x } else { x.exp().ln_1p() }),
         "Softsign" => unary(|x: f32| x / (1.0 + x.abs())),
         "HardSigmoid" => {
@@ -265,12 +288,30 @@ fn arith(op: &str, a: &Tensor, b: &Tensor) -> RuntimeResult<Tensor> {
     })
 }
 
+/// `b` laid against `a`'s dimensions from `axis` on (legacy broadcasting, opsets before 7):
+/// its shape padded with 1s before and after, so numpy broadcasting then applies.
+fn legacy_broadcast(a: &Tensor, b: &Tensor, axis: i64) -> RuntimeResult<Tensor> {
+    let (ra, rb) = (a.rank(), b.rank());
+    let at = super::util::axis(axis, ra)?;
+    if at + rb > ra {
+        return Err(kernel_error(format!("B of shape {:?} does not fit A of shape {:?} from axis {axis}", b.shape(), a.shape())));
+    }
+    let shape: Vec<usize> = (0..ra).map(|d| if (at..at + rb).contains(&d) { b.shape()[d - at] } else { 1 }).collect();
+    b.reshaped(&shape).map_err(|e| kernel_error(e.to_string()))
+}
+
+/// Add, Sub, Mul, Div (opsets 1 on): numpy broadcasting; before opset 7 with `broadcast` set
+/// and an `axis`, B's dimensions align with A's from that axis.
 fn arithmetic(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let op = info.node.op_type.clone();
-    if info.opset < 7 && info.node.attr_int("broadcast").is_some_and(|b| b != 0) && info.node.attr("axis").is_some() {
-        return Err(info.error("legacy broadcast with an explicit axis (opset < 7) is not supported"));
-    }
-    kernel(move |ins| Ok(vec![arith(&op, input(ins, 0)?, input(ins, 1)?)?]))
+    let legacy_axis = if info.opset < 7 && info.attr_int("broadcast", 0) != 0 { info.node.attr_int("axis") } else { None };
+    kernel(move |ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        match legacy_axis {
+            Some(ax) => Ok(vec![arith(&op, a, &legacy_broadcast(a, b, ax)?)?]),
+            None => Ok(vec![arith(&op, a, b)?]),
+        }
+    })
 }
 
 fn pow(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -310,9 +351,19 @@ fn modulo(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
-fn prelu(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    kernel(|ins| {
+/// PRelu: `x < 0 ? slope * x : x`. From opset 7 the slope broadcasts numpy-style; before,
+/// a 1-D slope of one value per channel applies along axis 1.
+fn prelu(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let per_channel = info.opset < 7;
+    kernel(move |ins| {
         let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        let channel_slope;
+        let b = if per_channel && a.rank() >= 2 && b.rank() == 1 && b.len() == a.shape()[1] && b.len() != 1 {
+            channel_slope = legacy_broadcast(a, b, 1)?;
+            &channel_slope
+        } else {
+            b
+        };
         let (x, y) = (to_f32(a)?, to_f32(b)?);
         let (v, s) = binary(&x, a.shape(), &y, b.shape(), |p: f32, q: f32| if p < 0.0 { p * q } else { p })?;
         Ok(vec![from_f32(a.dtype(), &s, v)?])
@@ -366,6 +417,99 @@ fn not(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let x = input(ins, 0)?;
         let v: Vec<bool> = bools(x)?.into_iter().map(|b| !b).collect();
         Ok(vec![Tensor::from_bools(x.shape(), &v).map_err(|e| kernel_error(e.to_string()))?])
+    })
+}
+
+/// Calls `$go!(T)` with the Rust type of an integer dtype, or returns an error naming `$op`.
+macro_rules! with_integer_type {
+    ($dtype:expr, $op:expr, $go:ident) => {
+        match $dtype {
+            DType::U8 => $go!(u8),
+            DType::U16 => $go!(u16),
+            DType::U32 => $go!(u32),
+            DType::U64 => $go!(u64),
+            DType::I8 => $go!(i8),
+            DType::I16 => $go!(i16),
+            DType::I32 => $go!(i32),
+            DType::I64 => $go!(i64),
+            d => return Err(kernel_error(format!("{} needs an integer type, got {d}", $op))),
+        }
+    };
+}
+
+/// Two inputs of one type, for the binary bitwise ops.
+fn same_type_pair<'a>(op: &str, ins: &[Option<&'a Tensor>]) -> RuntimeResult<(&'a Tensor, &'a Tensor)> {
+    let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+    if a.dtype() != b.dtype() {
+        return Err(kernel_error(format!("{op} needs inputs of one type, got {} and {}", a.dtype(), b.dtype())));
+    }
+    Ok((a, b))
+}
+
+/// BitwiseAnd, BitwiseOr, BitwiseXor (opset 18): the bitwise operation on two integer
+/// tensors of one type, with numpy broadcasting.
+fn bitwise(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let op = info.node.op_type.clone();
+    kernel(move |ins| {
+        let (a, b) = same_type_pair(&op, ins)?;
+        macro_rules! go {
+            ($T:ty) => {{
+                let (x, y) = (slice::<$T>(a, "A")?, slice::<$T>(b, "B")?);
+                let (v, s) = match op.as_str() {
+                    "BitwiseAnd" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p & q)?,
+                    "BitwiseOr" => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p | q)?,
+                    _ => binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| p ^ q)?,
+                };
+                tensor(&s, v)?
+            }};
+        }
+        Ok(vec![with_integer_type!(a.dtype(), op, go)])
+    })
+}
+
+/// BitwiseNot (opset 18): the bitwise complement of an integer tensor.
+fn bitwise_not(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        macro_rules! go {
+            ($T:ty) => {
+                tensor(x.shape(), slice::<$T>(x, "X")?.iter().map(|&v| !v).collect::<Vec<$T>>())?
+            };
+        }
+        Ok(vec![with_integer_type!(x.dtype(), "BitwiseNot", go)])
+    })
+}
+
+/// BitShift (opset 11 for unsigned types, opset 28 adds signed ones): `X` shifted by `Y`
+/// bits (numpy broadcasting) toward `direction` "LEFT" or "RIGHT". Left shifts drop the bits
+/// shifted out; right shifts of signed values are arithmetic. A shift that is negative or at
+/// least the type's width gives -1 for a right shift of a negative value, else 0.
+fn bit_shift(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let right = match info.node.attr_str("direction") {
+        Some("RIGHT") => true,
+        Some("LEFT") => false,
+        Some(other) => return Err(info.error(format!("direction must be \"LEFT\" or \"RIGHT\", got \"{other}\""))),
+        None => return Err(info.error("the 'direction' attribute is required")),
+    };
+    kernel(move |ins| {
+        let (a, b) = same_type_pair("BitShift", ins)?;
+        macro_rules! go {
+            ($T:ty) => {{
+                let (x, y) = (slice::<$T>(a, "X")?, slice::<$T>(b, "Y")?);
+                let (v, s) = binary(x, a.shape(), y, b.shape(), |p: $T, q: $T| {
+                    let shift = q as i128;
+                    if shift < 0 || shift >= <$T>::BITS as i128 {
+                        if right && (p as i128) < 0 { !0 } else { 0 }
+                    } else if right {
+                        p >> shift as u32
+                    } else {
+                        p.wrapping_shl(shift as u32)
+                    }
+                })?;
+                tensor(&s, v)?
+            }};
+        }
+        Ok(vec![with_integer_type!(a.dtype(), "BitShift", go)])
     })
 }
 

@@ -1,4 +1,4 @@
-//! MatMul (numpy batch broadcasting) and Gemm.
+//! MatMul (numpy batch broadcasting), Gemm and Det.
 
 use qforge_ir::DType;
 
@@ -7,10 +7,64 @@ use super::gemm::{sgemm, sgemm_into, MatRef};
 use super::util::{broadcast_shape, input, kernel, min_items, opt_input, par_chunks_mut, threads, PAR_MIN_WORK, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
-/// Registers MatMul and Gemm.
+/// Registers MatMul, Gemm and Det.
 pub fn register(r: &mut Registry) {
     r.add("", "MatMul", 1, LATEST, matmul);
     r.add("", "Gemm", 1, LATEST, gemm_op);
+    r.add("", "Det", 11, LATEST, det);
+}
+
+/// The determinant of an `n x n` row-major matrix, by LU decomposition with partial
+/// pivoting (in place).
+fn determinant(a: &mut [f64], n: usize) -> f64 {
+    let mut det = 1.0;
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&i, &j| a[i * n + col].abs().total_cmp(&a[j * n + col].abs())).unwrap_or(col);
+        if a[pivot * n + col] == 0.0 {
+            return 0.0;
+        }
+        if pivot != col {
+            for k in 0..n {
+                a.swap(pivot * n + k, col * n + k);
+            }
+            det = -det;
+        }
+        let p = a[col * n + col];
+        det *= p;
+        for row in col + 1..n {
+            let f = a[row * n + col] / p;
+            if f != 0.0 {
+                for k in col..n {
+                    a[row * n + k] -= f * a[col * n + k];
+                }
+            }
+        }
+    }
+    det
+}
+
+/// Det (opsets 11 and 22): the determinants of the square matrices in the last two
+/// dimensions of a float tensor `[*, M, M]`, of shape `[*]`; computed in f64.
+fn det(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    kernel(|ins| {
+        let x = input(ins, 0)?;
+        let s = x.shape();
+        if s.len() < 2 || s[s.len() - 1] != s[s.len() - 2] {
+            return Err(kernel_error(format!("Det needs square matrices in the last two dimensions, got shape {s:?}")));
+        }
+        if !x.dtype().is_float() {
+            return Err(kernel_error(format!("Det needs a float tensor, got {}", x.dtype())));
+        }
+        let n = s[s.len() - 1];
+        let v = x.to_f64_vec().map_err(|e| kernel_error(e.to_string()))?;
+        let batch = &s[..s.len() - 2];
+        let dets: Vec<f32> = if n == 0 {
+            vec![1.0; batch.iter().product()]
+        } else {
+            v.chunks(n * n).map(|m| determinant(&mut m.to_vec(), n) as f32).collect()
+        };
+        Ok(vec![from_f32(x.dtype(), batch, dets)?])
+    })
 }
 
 /// `a @ b` with numpy semantics: 1-D operands are promoted and the promoted dimension removed,

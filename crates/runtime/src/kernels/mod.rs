@@ -2,6 +2,7 @@
 //! its ops, one registry line each.
 
 mod control;
+mod einsum;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
@@ -25,6 +26,7 @@ pub(crate) mod util;
 pub fn register_all(r: &mut crate::Registry) {
     control::register(r);
     conv::register(r);
+    einsum::register(r);
     elementwise::register(r);
     matmul::register(r);
     norm::register(r);

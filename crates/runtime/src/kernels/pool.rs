@@ -1,5 +1,5 @@
-//! Pooling: MaxPool, AveragePool, their global forms, and LRN. Channels first, over any
-//! number of spatial axes, with fast paths for 1-D and 2-D.
+//! Pooling: MaxPool, AveragePool, LpPool, their global forms, and LRN. Channels first, over
+//! any number of spatial axes, with fast paths for 1-D and 2-D.
 
 use rayon::prelude::*;
 
@@ -15,10 +15,28 @@ pub fn register(r: &mut Registry) {
     r.add("", "AveragePool", 1, LATEST, pool);
     r.add("", "GlobalAveragePool", 1, LATEST, global);
     r.add("", "GlobalMaxPool", 1, LATEST, global);
+    r.add("", "LpPool", 1, LATEST, pool);
+    r.add("", "GlobalLpPool", 1, LATEST, global);
     r.add("", "LRN", 1, LATEST, lrn);
 }
 
-/// Plans a MaxPool or AveragePool node: input `[N, C, D1, ..., Dr]` (r >= 1, one
+/// The exponent `p` of LpPool and GlobalLpPool: a float attribute in opset 1, an integer one
+/// (default 2) from opset 2.
+fn lp_exponent(info: &NodeInfo) -> RuntimeResult<f32> {
+    let p = if info.opset < 2 { info.attr_float("p", 2.0) } else { info.attr_int("p", 2) as f32 };
+    if !(p > 0.0 && p.is_finite()) {
+        return Err(info.error(format!("p must be positive, got {p}")));
+    }
+    Ok(p)
+}
+
+/// `|x|^p`, exact for the common `p` of 1 and 2.
+#[inline(always)]
+fn abs_pow(x: f32, p: f32) -> f32 {
+    if p == 2.0 { x * x } else if p == 1.0 { x.abs() } else { x.abs().powf(p) }
+}
+
+/// Plans a MaxPool, AveragePool or LpPool node: input `[N, C, D1, ..., Dr]` (r >= 1, one
 /// `kernel_shape` entry per spatial axis), output `[N, C, O1, ..., Or]` with the window
 /// geometry of [`Window::axes`] (`auto_pad`, `pads`, `strides`, `dilations`, `ceil_mode`).
 /// MaxPool takes the largest value of each window (taps in the padding are ignored; an
@@ -26,9 +44,11 @@ pub fn register(r: &mut Registry) {
 /// flat index of that value in the input (the first one on ties): row-major, or with
 /// `storage_order` 1 column-major within each `[N, C]` plane. AveragePool divides each
 /// window's sum by its taps inside the input, or with `count_include_pad` by its taps inside
-/// the padded input.
+/// the padded input. LpPool gives `(sum |x|^p)^(1/p)` over each window's taps inside the
+/// input (padding adds nothing).
 fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let max = info.node.op_type == "MaxPool";
+    let lp = if info.node.op_type == "LpPool" { Some(lp_exponent(info)?) } else { None };
     let window = Window::from_node(info)?;
     let kernel_shape = window.kernel.clone().ok_or_else(|| info.error("'kernel_shape' is required"))?;
     let include_pad = info.attr_int("count_include_pad", 0) != 0;
@@ -51,9 +71,17 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             [w] => (Axis::UNIT, w),
             [h, w] => (h, w),
             _ => {
-                let xv = if max { values_f32(x)? } else { to_f32(x)? };
+                let xv = match lp {
+                    Some(p) => to_f32(x)?.iter().map(|&v| abs_pow(v, p)).collect::<Vec<f32>>().into(),
+                    None if max => values_f32(x)?,
+                    None => to_f32(x)?,
+                };
                 let order = if storage_order == 0 { IndexOrder::RowMajor } else { IndexOrder::ColumnMajor };
-                let mode = if max { PoolMode::Max { indices: wants_indices.then_some(order) } } else { PoolMode::Average { include_pad } };
+                let mode = match lp {
+                    Some(p) => PoolMode::Lp { p },
+                    None if max => PoolMode::Max { indices: wants_indices.then_some(order) },
+                    None => PoolMode::Average { include_pad },
+                };
                 let (out, ind) = pool_nd(&xv, n * c, &axes, mode);
                 let mut outs = vec![values_from_f32(x.dtype(), &shape, out)?];
                 if wants_indices {
@@ -72,7 +100,11 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                 _ => {}
             }
         }
-        let xv = if max { values_f32(x)? } else { to_f32(x)? };
+        let xv = match lp {
+            Some(p) => to_f32(x)?.iter().map(|&v| abs_pow(v, p)).collect::<Vec<f32>>().into(),
+            None if max => values_f32(x)?,
+            None => to_f32(x)?,
+        };
         let mut out = vec![0f32; n * c * oh * ow];
         let mut ind = if wants_indices { vec![0i64; out.len()] } else { vec![] };
         let pool_plane = |p: usize, dst: &mut [f32], ind: &mut [i64]| {
@@ -89,6 +121,8 @@ fn pool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
                             let (y, x) = (best_i / iw, best_i % iw);
                             ind[at] = if storage_order == 0 { (p * ih + y) * iw + x } else { p * ih * iw + x * ih + y } as i64;
                         }
+                    } else if let Some(p) = lp {
+                        dst[at] = window_sum(src, iw, ys, yn, h.dilation, xs, xn, w.dilation).powf(1.0 / p);
                     } else {
                         let count = if include_pad { rows.padded[oy] * cols.padded[ox] } else { yn * xn };
                         let sum = window_sum(src, iw, ys, yn, h.dilation, xs, xn, w.dilation);
@@ -207,6 +241,8 @@ enum PoolMode {
     /// The mean, over the taps inside the padded input when `include_pad`, else over those
     /// inside the input.
     Average { include_pad: bool },
+    /// The sum of the values, which the caller raised to `|x|^p`, raised to `1/p`.
+    Lp { p: f32 },
 }
 
 /// How MaxPool numbers an input element in its Indices output.
@@ -221,7 +257,7 @@ enum IndexOrder {
 /// Pooling of `planes` planes of `x` (each row-major over `axes`' input sizes, any number of
 /// spatial axes) into planes over `axes`' output sizes, as `mode` says; returns the pooled
 /// values and, for MaxPool with indices, the index of each maximum (else no indices). An
-/// empty window gives -inf and index 0 for MaxPool, 0 for AveragePool. Planes run in
+/// empty window gives -inf and index 0 for MaxPool, 0 for AveragePool and LpPool. Planes run in
 /// parallel.
 fn pool_nd(x: &[f32], planes: usize, axes: &[Axis], mode: PoolMode) -> (Vec<f32>, Vec<i64>) {
     let (last, lead) = axes.split_last().expect("at least one spatial axis");
@@ -238,7 +274,7 @@ fn pool_nd(x: &[f32], planes: usize, axes: &[Axis], mode: PoolMode) -> (Vec<f32>
     }
     let indices = match mode {
         PoolMode::Max { indices } => indices,
-        PoolMode::Average { .. } => None,
+        PoolMode::Average { .. } | PoolMode::Lp { .. } => None,
     };
     let mut out = vec![0f32; planes * plane];
     let mut ind = vec![0i64; if indices.is_some() { planes * plane } else { 0 }];
@@ -293,6 +329,7 @@ fn pool_nd(x: &[f32], planes: usize, axes: &[Axis], mode: PoolMode) -> (Vec<f32>
                     PoolMode::Max { .. } => best,
                     PoolMode::Average { include_pad: true } => sum / (lead_padded * last_taps.padded[ox]) as f32,
                     PoolMode::Average { include_pad: false } => sum / (lead_inside * xn) as f32,
+                    PoolMode::Lp { p } => sum.powf(1.0 / p),
                 };
                 if let Some(order) = indices {
                     let within = if order == IndexOrder::RowMajor { best_i } else { column_major(best_i, axes) };
@@ -369,8 +406,11 @@ fn window_sum(src: &[f32], iw: usize, ys: usize, yn: usize, dy: usize, xs: usize
     sum
 }
 
+/// GlobalAveragePool, GlobalMaxPool and GlobalLpPool (`(sum |x|^p)^(1/p)`): each
+/// `(n, c)` plane of an `(N, C, ...)` input reduced to one value.
 fn global(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let max = info.node.op_type == "GlobalMaxPool";
+    let lp = if info.node.op_type == "GlobalLpPool" { Some(lp_exponent(info)?) } else { None };
     kernel(move |ins| {
         let x = input(ins, 0)?;
         let s = x.shape();
@@ -379,7 +419,11 @@ fn global(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         let plane: usize = s[2..].iter().product();
         let xv = to_f32(x)?;
-        let reduce = |p: &[f32]| vectorized(|| if max { p.iter().copied().fold(f32::NEG_INFINITY, f32::max) } else { lane_sum(p, |v| v) / plane as f32 });
+        let reduce = |v: &[f32]| vectorized(|| match lp {
+            Some(p) => lane_sum(v, |x| abs_pow(x, p)).powf(1.0 / p),
+            None if max => v.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            None => lane_sum(v, |x| x) / plane as f32,
+        });
         let planes = xv.chunks(plane.max(1)).take(s[0] * s[1]);
         let out: Vec<f32> = if xv.len() < 1 << 15 || threads() == 1 {
             planes.map(reduce).collect()

@@ -29,8 +29,9 @@ fn contiguous(shape: &[usize], axes: &[usize]) -> Option<(usize, usize, usize)> 
     Some((shape[..first].iter().product(), shape[first..=last].iter().product(), shape[last + 1..].iter().product()))
 }
 
-/// Reduces `x` over `axes` with `init`, `step(acc, x)` and `finish(acc, count)`.
-fn reduce_f32(x: &[f32], shape: &[usize], axes: &[usize], init: f32, step: impl Fn(f32, f32) -> f32, finish: impl Fn(f32, usize) -> f32) -> Vec<f32> {
+/// Reduces `x` over `axes` (sorted, distinct) with `init`, `step(acc, x)` and
+/// `finish(acc, count)`; the result is laid out as `x` with the reduced axes of size 1.
+pub(super) fn reduce_f32(x: &[f32], shape: &[usize], axes: &[usize], init: f32, step: impl Fn(f32, f32) -> f32, finish: impl Fn(f32, usize) -> f32) -> Vec<f32> {
     let count: usize = axes.iter().map(|&a| shape[a]).product();
     if let Some((outer, red, inner)) = contiguous(shape, axes) {
         let mut out = vec![init; outer * inner];
