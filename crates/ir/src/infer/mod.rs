@@ -212,6 +212,29 @@ mod tests {
         assert_eq!(g.value(z).unwrap().ty, Some(want));
     }
 
+    /// Index outputs of selection ops are int64 (never taken for float activations), and
+    /// shapes follow from a constant `k` and the axis.
+    #[test]
+    fn selection_ops_give_int64_indices() {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Known(10)]))).unwrap();
+        let k = g.add_initializer("k", Tensor::from_vec(&[1], vec![3i64]).unwrap()).unwrap();
+        let (values, indices) = (g.new_value("values", None).unwrap(), g.new_value("indices", None).unwrap());
+        g.add_node(Node::new("TopK", "topk").with_inputs([x, k]).with_outputs([values, indices])).unwrap();
+        let nz = op(&mut g, "NonZero", &[x]);
+        let outs: Vec<ValueId> = ["y", "first", "inverse", "counts"].iter().map(|n| g.new_value(*n, None).unwrap()).collect();
+        g.add_node(Node::new("Unique", "unique").with_inputs([x]).with_outputs(outs.iter().copied()).with_attr("axis", crate::Attr::Int(-1))).unwrap();
+        g.set_outputs(vec![values, indices, nz, outs[0], outs[2]]).unwrap();
+        let report = infer_graph(&mut g, &[OpsetImport { domain: String::new(), version: 17 }]);
+        assert!(report.unknown_ops.is_empty() && report.conflicts.is_empty(), "{report:?}");
+        let top = vec![Dim::Sym("N".into()), Dim::Known(3)];
+        assert_eq!(g.value(values).unwrap().ty, Some(ValueType::tensor(DType::F32, top.clone())));
+        assert_eq!(g.value(indices).unwrap().ty, Some(ValueType::tensor(DType::I64, top)));
+        assert_eq!(g.value(nz).unwrap().ty, Some(ValueType::tensor(DType::I64, vec![Dim::Known(2), Dim::Unknown])));
+        assert_eq!(g.value(outs[0]).unwrap().ty, Some(ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Unknown])));
+        assert_eq!(g.value(outs[2]).unwrap().ty, Some(ValueType::tensor(DType::I64, vec![Dim::Known(10)])));
+    }
+
     #[test]
     fn contradictions_are_reported_not_applied() {
         let mut g = Graph::new("g");

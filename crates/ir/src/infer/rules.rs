@@ -473,6 +473,48 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             let to = node.attr_int("output_dtype").filter(|&d| d != 0).and_then(|c| DType::from_onnx(c as i32));
             vec![out(ty(to.or(scale).or(Some(DType::F32)), shape(&x)))]
         }
+        "CumProd" | "Trilu" | "ReverseSequence" => same(),
+        "TopK" => {
+            let k = if opset < 10 { node.attr_int("k") } else { ins.get(1).and_then(ints).and_then(|v| v.first().copied()) }.filter(|&k| k >= 0);
+            let a = node.attr_int("axis").unwrap_or(-1);
+            let s = shape(&x).and_then(|mut sh| {
+                let ax = norm_axis(a, sh.len())?;
+                *sh.get_mut(ax)? = k.map(Dim::Known).unwrap_or(Dim::Unknown);
+                Some(sh)
+            });
+            vec![out(ty(elem(&x), s.clone())), out(ty(Some(DType::I64), s))]
+        }
+        "NonZero" => {
+            let rank = shape(&x).map(|sh| Dim::Known(sh.len().max(1) as i64)).unwrap_or(Dim::Unknown);
+            vec![out(ty(Some(DType::I64), Some(vec![rank, Dim::Unknown])))]
+        }
+        "NonMaxSuppression" => vec![out(ty(Some(DType::I64), Some(vec![Dim::Unknown, Dim::Known(3)])))],
+        "EyeLike" => {
+            let to = node.attr_int("dtype").and_then(|c| DType::from_onnx(c as i32));
+            vec![out(ty(to.or(elem(&x)), shape(&x)))]
+        }
+        "Compress" | "Unique" => {
+            let a = node.attr_int("axis");
+            let s = match a {
+                Some(a) => shape(&x).and_then(|mut sh| {
+                    let ax = norm_axis(a, sh.len())?;
+                    *sh.get_mut(ax)? = Dim::Unknown;
+                    Some(sh)
+                }),
+                None => Some(vec![Dim::Unknown]),
+            };
+            let mut outs = vec![out(ty(elem(&x), s))];
+            if node.op_type == "Unique" {
+                let items = match (a, shape(&x)) {
+                    (Some(a), Some(sh)) => norm_axis(a, sh.len()).and_then(|ax| sh.get(ax).cloned()).unwrap_or(Dim::Unknown),
+                    (None, Some(sh)) => product(&sh),
+                    _ => Dim::Unknown,
+                };
+                let index = |d: Dim| out(ty(Some(DType::I64), Some(vec![d])));
+                outs.extend([index(Dim::Unknown), index(items), index(Dim::Unknown)]);
+            }
+            outs
+        }
         "If" => {
             let branch = match node.attr("then_branch") { Some(Attr::Graph(g)) => g, _ => return None };
             branch.outputs().iter().map(|v| out(branch.value(*v).ok().and_then(|v| v.ty.clone()))).collect()

@@ -2,8 +2,9 @@
 //! its ops, one registry line each.
 
 mod control;
-mod einsum;
 pub(crate) mod conv;
+mod detection;
+mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub mod gemm;
@@ -18,6 +19,7 @@ mod reduce;
 mod resize;
 mod rnn;
 mod sampling;
+mod select;
 mod shape;
 mod signal;
 pub(crate) mod util;
@@ -26,6 +28,7 @@ pub(crate) mod util;
 pub fn register_all(r: &mut crate::Registry) {
     control::register(r);
     conv::register(r);
+    detection::register(r);
     einsum::register(r);
     elementwise::register(r);
     matmul::register(r);
@@ -38,6 +41,7 @@ pub fn register_all(r: &mut crate::Registry) {
     resize::register(r);
     rnn::register(r);
     sampling::register(r);
+    select::register(r);
     shape::register(r);
     signal::register(r);
 }

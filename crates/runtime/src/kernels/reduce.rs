@@ -1,10 +1,10 @@
 //! Reductions, arg-reductions, softmax and cumulative sums.
 
-use qforge_ir::Tensor;
+use qforge_ir::{DType, Tensor};
 
 use super::elementwise::{from_f32, to_f32};
 use super::math::exp;
-use super::util::{axis, input, ints, kernel, lane_sum, map_in_place, min_items, opt_input, par_chunks_mut, tensor, vectorized, ELEMENT_WORK};
+use super::util::{axis, input, ints, kernel, lane_sum, map_in_place, min_items, opt_input, par_chunks_mut, single_int, slice, tensor, vectorized, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the reduction operators.
@@ -18,6 +18,7 @@ pub fn register(r: &mut Registry) {
     r.add("", "LogSoftmax", 1, LATEST, softmax);
     r.add("", "Hardmax", 1, LATEST, softmax);
     r.add("", "CumSum", 11, LATEST, cumsum);
+    r.add("", "CumProd", 26, LATEST, cumprod);
 }
 
 /// (outer, reduced, inner) sizes when `axes` (sorted) are consecutive.
@@ -316,3 +317,97 @@ fn cumsum(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+
+/// `CumProd` (opset 26): the running product of `x` along the axis given by input `axis` (an
+/// int32 or int64 scalar, negative counting from the end); with `exclusive = 1` each output
+/// leaves out its own element (the first is 1), with `reverse = 1` the products run from the
+/// end of the axis. Integers wrap on overflow; 16-bit floats multiply in f32.
+fn cumprod(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (exclusive, reverse) = (info.attr_int("exclusive", 0) != 0, info.attr_int("reverse", 0) != 0);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let a = single_int(input(ins, 1)?, "axis")?;
+        if x.rank() == 0 {
+            return Err(kernel_error(format!("CumProd needs an input of rank 1 or more to take axis {a} of, got a scalar")));
+        }
+        let ax = axis(a, x.rank())?;
+        let s = x.shape();
+        let lines = Lines { d: s[ax], inner: s[ax + 1..].iter().product(), exclusive, reverse };
+        let out = match x.dtype() {
+            DType::F32 => tensor(s, lines.scan(slice::<f32>(x, "x")?, 1.0, |p, q| p * q))?,
+            DType::F64 => tensor(s, lines.scan(slice::<f64>(x, "x")?, 1.0, |p, q| p * q))?,
+            DType::I32 => tensor(s, lines.scan(slice::<i32>(x, "x")?, 1, i32::wrapping_mul))?,
+            DType::I64 => tensor(s, lines.scan(slice::<i64>(x, "x")?, 1, i64::wrapping_mul))?,
+            DType::U32 => tensor(s, lines.scan(slice::<u32>(x, "x")?, 1, u32::wrapping_mul))?,
+            DType::U64 => tensor(s, lines.scan(slice::<u64>(x, "x")?, 1, u64::wrapping_mul))?,
+            DType::F16 | DType::BF16 => from_f32(x.dtype(), s, lines.scan(&to_f32(x)?, 1.0, |p, q| p * q))?,
+            d => return Err(kernel_error(format!("CumProd does not support {d}"))),
+        };
+        Ok(vec![out])
+    })
+}
+
+/// The lines of a running scan: a `[outer, d, inner]` layout scanned along its middle axis.
+struct Lines {
+    d: usize,
+    inner: usize,
+    /// Each output leaves out its own element.
+    exclusive: bool,
+    /// The scan runs from the end of the axis.
+    reverse: bool,
+}
+
+impl Lines {
+    /// The running `combine` of `x` along the lines, starting from `identity`: each step
+    /// combines a whole row of `inner` elements with the previous output row, so the inner
+    /// loop runs along contiguous memory.
+    fn scan<T: Copy>(&self, x: &[T], identity: T, combine: impl Fn(T, T) -> T) -> Vec<T> {
+        let (d, inner) = (self.d, self.inner);
+        let mut out = vec![identity; x.len()];
+        if d == 0 || inner == 0 {
+            return out;
+        }
+        for (src, dst) in x.chunks_exact(d * inner).zip(out.chunks_exact_mut(d * inner)) {
+            for step in 0..d {
+                let k = if self.reverse { d - 1 - step } else { step };
+                if step == 0 {
+                    if !self.exclusive {
+                        dst[k * inner..(k + 1) * inner].copy_from_slice(&src[k * inner..(k + 1) * inner]);
+                    }
+                    continue;
+                }
+                let prev = if self.reverse { k + 1 } else { k - 1 };
+                let operand = &src[if self.exclusive { prev } else { k } * inner..][..inner];
+                let (row, before) = if self.reverse {
+                    let (lo, hi) = dst.split_at_mut(prev * inner);
+                    (&mut lo[k * inner..], &hi[..inner])
+                } else {
+                    let (lo, hi) = dst.split_at_mut(k * inner);
+                    (&mut hi[..inner], &lo[prev * inner..])
+                };
+                for ((o, &p), &v) in row.iter_mut().zip(before).zip(operand) {
+                    *o = combine(p, v);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_products_in_all_four_modes() {
+        let x = [1, 2, 3, 4, 5, 6];
+        let scan = |exclusive, reverse, d, inner| Lines { d, inner, exclusive, reverse }.scan(&x, 1, |p, q| p * q);
+        assert_eq!(scan(false, false, 6, 1), vec![1, 2, 6, 24, 120, 720]);
+        assert_eq!(scan(true, false, 6, 1), vec![1, 1, 2, 6, 24, 120]);
+        assert_eq!(scan(false, true, 6, 1), vec![720, 720, 360, 120, 30, 6]);
+        assert_eq!(scan(true, true, 6, 1), vec![720, 360, 120, 30, 6, 1]);
+        // [2, 3] along axis 0 and along axis 1.
+        assert_eq!(scan(false, false, 2, 3), vec![1, 2, 3, 4, 10, 18]);
+        assert_eq!(scan(true, true, 3, 1), vec![6, 3, 1, 30, 6, 1]);
+    }
+}

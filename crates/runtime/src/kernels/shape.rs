@@ -3,7 +3,8 @@
 use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
-use super::util::{axis, broadcast_shape, broadcast_to, gather_elements, input, ints, kernel, opt_input, tensor};
+use super::select::gather_blocks;
+use super::util::{axis, broadcast_shape, broadcast_to, gather_elements, input, ints, kernel, opt_input, single_int, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the shape and data-movement operators.
@@ -35,6 +36,9 @@ pub fn register(r: &mut Registry) {
     r.add("", "Range", 11, LATEST, range);
     r.add("", "DepthToSpace", 1, LATEST, depth_to_space);
     r.add("", "SpaceToDepth", 1, LATEST, space_to_depth);
+    r.add("", "Trilu", 14, LATEST, trilu);
+    r.add("", "EyeLike", 9, LATEST, eye_like);
+    r.add("", "ReverseSequence", 10, LATEST, reverse_sequence);
 }
 
 fn err(e: qforge_ir::IrError) -> crate::RuntimeError {
@@ -970,6 +974,119 @@ fn space_to_depth(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+/// Bytes per element of `t`, for element types of whole bytes (not strings or packed types).
+fn element_bytes(t: &Tensor, op: &str) -> RuntimeResult<usize> {
+    let bits = t.dtype().bits();
+    if t.strings().is_some() || bits == 0 || !bits.is_multiple_of(8) {
+        return Err(kernel_error(format!("{op} does not support {}", t.dtype())));
+    }
+    Ok(bits / 8)
+}
+
+/// The columns `[start, end)` of row `row` of a `cols`-wide matrix that `Trilu` zeroes: left
+/// of diagonal `k` (`j - row < k`) for the upper triangle, right of it (`j - row > k`) for the
+/// lower.
+fn trilu_zeroed_columns(row: usize, cols: usize, k: i64, upper: bool) -> (usize, usize) {
+    let clamp = |c: i128| c.clamp(0, cols as i128) as usize;
+    let diagonal = row as i128 + k as i128;
+    if upper { (0, clamp(diagonal)) } else { (clamp(diagonal + 1), cols) }
+}
+
+/// `Trilu` (opset 14): the upper (`upper = 1`, default) or lower triangle of each matrix in
+/// the last two axes of `input`, from diagonal `k` (optional int64 scalar input, default 0;
+/// positive above the main diagonal) on, with the other elements zero. Any element type of
+/// whole bytes.
+fn trilu(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let upper = info.attr_int("upper", 1) != 0;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let &[.., rows, cols] = x.shape() else {
+            return Err(kernel_error(format!("Trilu needs an input of rank 2 or more, got shape {:?}", x.shape())));
+        };
+        let k = opt_input(ins, 1).map(|t| single_int(t, "k")).transpose()?.unwrap_or(0);
+        let width = element_bytes(x, "Trilu")?;
+        let mut out = x.clone();
+        if out.is_empty() {
+            return Ok(vec![out]);
+        }
+        let bytes = out.raw_bytes_mut().ok_or_else(|| kernel_error(format!("Trilu does not support {}", x.dtype())))?;
+        for matrix in bytes.chunks_exact_mut(rows * cols * width) {
+            for (r, row) in matrix.chunks_exact_mut(cols * width).enumerate() {
+                let (start, end) = trilu_zeroed_columns(r, cols, k, upper);
+                row[start * width..end * width].fill(0);
+            }
+        }
+        Ok(vec![out])
+    })
+}
+
+/// `EyeLike` (opsets 9 and 22): a 2-D tensor of the shape of `input` with ones on diagonal
+/// `k` (attribute, default 0; positive above the main diagonal) and zeros elsewhere, of
+/// element type `dtype` (attribute) or else that of `input`. Numeric and bool types.
+fn eye_like(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let dtype = match info.node.attr_int("dtype") {
+        Some(code) => Some(i32::try_from(code).ok().and_then(DType::from_onnx).ok_or_else(|| info.error(format!("dtype {code} is not an element type")))?),
+        None => None,
+    };
+    let k = info.attr_int("k", 0);
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let &[rows, cols] = x.shape() else {
+            return Err(kernel_error(format!("EyeLike needs a 2-D input, got shape {:?}", x.shape())));
+        };
+        let dtype = dtype.unwrap_or(x.dtype());
+        let one = cast_tensor(&Tensor::scalar(1i64), dtype).map_err(|_| kernel_error(format!("EyeLike does not support {dtype}")))?;
+        let width = element_bytes(&one, "EyeLike")?;
+        let one = one.raw_bytes().ok_or_else(|| kernel_error(format!("EyeLike does not support {dtype}")))?;
+        let mut out = Tensor::zeros(dtype, &[rows, cols]).map_err(err)?;
+        let bytes = out.raw_bytes_mut().ok_or_else(|| kernel_error(format!("EyeLike does not support {dtype}")))?;
+        for r in 0..rows {
+            let c = r as i128 + k as i128;
+            if (0..cols as i128).contains(&c) {
+                let at = (r * cols + c as usize) * width;
+                bytes[at..at + width].copy_from_slice(one);
+            }
+        }
+        Ok(vec![out])
+    })
+}
+
+/// `ReverseSequence` (opsets 10 and 28): for each batch entry `b` (along `batch_axis`,
+/// default 1), the first `sequence_lens[b]` steps along `time_axis` (default 0) reversed and
+/// the rest copied. The two axes are 0 and 1 in either order; `sequence_lens` is int64
+/// `[batch]`, each in `[0, time]`. Any element type.
+fn reverse_sequence(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (batch_axis, time_axis) = (info.attr_int("batch_axis", 1), info.attr_int("time_axis", 0));
+    if !matches!((batch_axis, time_axis), (0, 1) | (1, 0)) {
+        return Err(info.error(format!("batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1 in either order")));
+    }
+    let batch_first = batch_axis == 0;
+    kernel(move |ins| {
+        let (x, lens) = (input(ins, 0)?, input(ins, 1)?);
+        let s = x.shape();
+        if s.len() < 2 {
+            return Err(kernel_error(format!("ReverseSequence needs an input of rank 2 or more, got shape {s:?}")));
+        }
+        let (batch, time) = if batch_first { (s[0], s[1]) } else { (s[1], s[0]) };
+        let lens = ints(lens, "sequence_lens")?;
+        if lens.len() != batch {
+            return Err(kernel_error(format!("sequence_lens has {} entries for a batch of {batch} (input shape {s:?})", lens.len())));
+        }
+        let lens: Vec<usize> = lens.iter().enumerate().map(|(b, &l)| {
+            usize::try_from(l).ok().filter(|&l| l <= time)
+                .ok_or_else(|| kernel_error(format!("sequence_lens[{b}] = {l} is outside [0, {time}]")))
+        }).collect::<RuntimeResult<_>>()?;
+        let inner: usize = s[2..].iter().product();
+        let lens = &lens;
+        let sources = (0..s[0]).flat_map(|i| (0..s[1]).map(move |j| {
+            let (b, t) = if batch_first { (i, j) } else { (j, i) };
+            let from = if t < lens[b] { lens[b] - 1 - t } else { t };
+            if batch_first { b * time + from } else { from * batch + b }
+        }));
+        Ok(vec![gather_blocks(x, s, inner, sources)?])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -985,6 +1102,18 @@ mod tests {
             }
             x[at as usize]
         }).collect()
+    }
+
+    #[test]
+    fn trilu_zeroes_the_columns_past_the_diagonal() {
+        assert_eq!(trilu_zeroed_columns(0, 5, 0, true), (0, 0));
+        assert_eq!(trilu_zeroed_columns(2, 5, 1, true), (0, 3));
+        assert_eq!(trilu_zeroed_columns(2, 5, -4, true), (0, 0));
+        assert_eq!(trilu_zeroed_columns(2, 5, 0, false), (3, 5));
+        assert_eq!(trilu_zeroed_columns(2, 5, -3, false), (0, 5));
+        assert_eq!(trilu_zeroed_columns(1, 5, i64::MAX, true), (0, 5));
+        assert_eq!(trilu_zeroed_columns(1, 5, i64::MAX, false), (5, 5));
+        assert_eq!(trilu_zeroed_columns(1, 5, i64::MIN, false), (0, 5));
     }
 
     #[test]

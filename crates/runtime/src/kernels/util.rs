@@ -109,6 +109,14 @@ pub fn ints(t: &Tensor, what: &str) -> RuntimeResult<Vec<i64>> {
     }
 }
 
+/// The one integer of a scalar-like input (int64 or int32, of rank 0 or holding one element).
+pub fn single_int(t: &Tensor, what: &str) -> RuntimeResult<i64> {
+    match ints(t, what)?.as_slice() {
+        &[v] => Ok(v),
+        _ => Err(kernel_error(format!("{what} must hold one integer, got shape {:?}", t.shape()))),
+    }
+}
+
 /// `axis` in `[-rank, rank)` as an index.
 pub fn axis(axis: i64, rank: usize) -> RuntimeResult<usize> {
     let r = rank as i64;
