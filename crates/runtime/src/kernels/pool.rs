@@ -506,8 +506,13 @@ mod tests {
         let x: Vec<f32> = (0..planes * image).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
         let outs: Vec<usize> = axes.iter().map(|a| a.output).collect();
         let plane: usize = outs.iter().product();
-        for mode in [PoolMode::Max { indices: Some(IndexOrder::RowMajor) }, PoolMode::Max { indices: Some(IndexOrder::ColumnMajor) }, PoolMode::Average { include_pad: false }, PoolMode::Average { include_pad: true }] {
-            let (got, ind) = pool_nd(&x, planes, &axes, mode);
+        for mode in [PoolMode::Max { indices: Some(IndexOrder::RowMajor) }, PoolMode::Max { indices: Some(IndexOrder::ColumnMajor) }, PoolMode::Average { include_pad: false }, PoolMode::Average { include_pad: true }, PoolMode::Lp { p: 3.0 }] {
+            // LpPool's caller passes |x|^p.
+            let raised: Vec<f32> = match mode {
+                PoolMode::Lp { p } => x.iter().map(|v| abs_pow(*v, p)).collect(),
+                _ => x.clone(),
+            };
+            let (got, ind) = pool_nd(&raised, planes, &axes, mode);
             for (i, &g) in got.iter().enumerate() {
                 let (p, o) = (i / plane, i % plane);
                 let pos = [o / (outs[1] * outs[2]), o / outs[2] % outs[1], o % outs[2]];
@@ -524,6 +529,10 @@ mod tests {
                         let sum: f32 = inside.iter().map(|&(_, v)| v).sum();
                         let count = if include_pad { padded } else { inside.len() };
                         assert!((g - sum / count as f32).abs() < 1e-5, "{mode:?} element {i}: {g} vs {}", sum / count as f32);
+                    }
+                    PoolMode::Lp { p } => {
+                        let want = inside.iter().map(|&(_, v)| v.abs().powf(p)).sum::<f32>().powf(1.0 / p);
+                        assert!((g - want).abs() < 1e-4 * want.max(1.0), "{mode:?} element {i}: {g} vs {want}");
                     }
                 }
             }
