@@ -15,7 +15,7 @@ use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstr
 use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
-use crate::report::{NodeRecord, Report, UpcastRecord, ViolationRecord, WidenedRecord};
+use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
 use crate::spec::Edge;
 use crate::weight_rounding::{InputGrams, WeightRounding};
 
@@ -227,7 +227,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let violations = |annotated: &[Annotations]| -> Vec<ViolationRecord> {
         all.iter().zip(annotated).zip(&graph_names).flat_map(|(((_, g), a), gname)| quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v))).collect()
     };
-    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, constant_inputs: fused.constant_inputs, upcast: fused.upcast.map(UpcastRecord::from), violations: violations(&annotated), ..Default::default() };
+    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, constant_inputs: fused.constant_inputs, upcast: fused.upcast, violations: violations(&annotated), ..Default::default() };
     if opts.strict && !report.violations.is_empty() {
         return Err(QuantizeError::Violations(report.violations));
     }

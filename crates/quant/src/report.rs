@@ -106,7 +106,7 @@ pub struct Report {
     pub constant_inputs: Vec<String>,
     /// How a model computing in float16/bfloat16 was made to compute in float32.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upcast: Option<UpcastRecord>,
+    pub upcast: Option<crate::passes::Upcast>,
     /// Default-domain opset before and after.
     pub opset: (i64, i64),
     pub calibration_seconds: f64,
@@ -152,29 +152,6 @@ pub struct Report {
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
-}
-
-/// A half-precision model made to compute in float32 ([`crate::passes::upcast_half`]).
-#[derive(Debug, Clone, Serialize)]
-pub struct UpcastRecord {
-    /// The ONNX names of the half-precision types it computed in.
-    pub from: Vec<String>,
-    /// Values whose type became float32.
-    pub values: usize,
-    /// Initializers and tensor attributes stored as float32.
-    pub constants: usize,
-    /// Nodes whose half-precision target type became float32.
-    pub targets: usize,
-    /// Casts from float32 to float32 the widening left, removed.
-    pub casts_removed: usize,
-    /// Graph inputs and outputs that keep their half-precision type, cast at the boundary.
-    pub boundary: Vec<String>,
-}
-
-impl From<crate::passes::Upcast> for UpcastRecord {
-    fn from(u: crate::passes::Upcast) -> UpcastRecord {
-        UpcastRecord { from: u.from.iter().map(|d| d.to_string()).collect(), values: u.values, constants: u.constants, targets: u.targets, casts_removed: u.casts_removed, boundary: u.boundary }
-    }
 }
 
 /// An input of a node whose output shares its qparams, narrow against the output's range.

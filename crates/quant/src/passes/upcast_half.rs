@@ -1,10 +1,11 @@
 use qforge_ir::{Attr, DType, Graph, IrResult, Node, OpsetImport, Patch, Tensor, ValueKind, ValueType, CAPTURE_USE};
 
-/// What [`upcast_half`] changed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What [`upcast_half`] changed (the report's `upcast`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Upcast {
-    /// The half-precision types the model computed in (`F16`, `BF16`).
-    pub from: Vec<DType>,
+    /// The ONNX names of the half-precision types the model computed in (`float16`,
+    /// `bfloat16`).
+    pub from: Vec<String>,
     /// Values (in every graph) whose type became float32.
     pub values: usize,
     /// Initializers and tensor attributes stored as float32.
@@ -57,7 +58,7 @@ pub fn upcast_half(g: &mut Graph, opsets: &[OpsetImport]) -> IrResult<Option<Upc
     if from.is_empty() {
         return Ok(None);
     }
-    let mut up = Upcast { from, ..Default::default() };
+    let mut up = Upcast { from: from.iter().map(|d| d.to_string()).collect(), ..Default::default() };
     let mut patch = Patch::new(g, "upcast_half");
     patch.reserve(g.nodes().map(|(_, n)| n.name.clone()));
     let mut kept = vec![];
@@ -247,7 +248,7 @@ mod tests {
             let mut g = half_graph(half);
             let up = upcast_half(&mut g, &[]).unwrap().expect("the graph computes in half precision");
             g.check().unwrap();
-            assert_eq!(up.from, [half]);
+            assert_eq!(up.from, [half.to_string()]);
             assert_eq!(up.boundary, ["x", "y"]);
             assert_eq!((up.constants, up.targets, up.casts_removed), (2, 1, 1), "w and the Constant; the Cast in the middle, then gone");
             let ty = |name: &str| g.value(g.value_by_name(name).unwrap()).unwrap().ty.as_ref().and_then(|t| t.elem());

@@ -311,28 +311,22 @@ struct BilinearSample {
     weight: [f32; 4],
 }
 
+/// The location `v` (at least -1) along an axis of `size` elements clamped into it, with the
+/// indices of the elements below and above it (the last element twice at the far end).
+fn neighbours(v: f64, size: usize) -> (f64, usize, usize) {
+    let v = v.max(0.0);
+    let low = v as usize;
+    if low >= size - 1 { ((size - 1) as f64, size - 1, size - 1) } else { (v, low, low + 1) }
+}
+
 /// The bilinear sample at `(y, x)` of an `height x width` plane.
 fn bilinear_sample(y: f64, x: f64, height: usize, width: usize) -> BilinearSample {
     let (h, w) = (height as f64, width as f64);
     if y < -1.0 || y > h || x < -1.0 || x > w || y.is_nan() || x.is_nan() {
         return BilinearSample::default();
     }
-    let (mut y, mut x) = (y.max(0.0), x.max(0.0));
-    let (mut y_low, mut x_low) = (y as usize, x as usize);
-    let y_high = if y_low >= height - 1 {
-        y_low = height - 1;
-        y = y_low as f64;
-        y_low
-    } else {
-        y_low + 1
-    };
-    let x_high = if x_low >= width - 1 {
-        x_low = width - 1;
-        x = x_low as f64;
-        x_low
-    } else {
-        x_low + 1
-    };
+    let (y, y_low, y_high) = neighbours(y, height);
+    let (x, x_low, x_high) = neighbours(x, width);
     let (ly, lx) = (y - y_low as f64, x - x_low as f64);
     let (hy, hx) = (1.0 - ly, 1.0 - lx);
     BilinearSample {
