@@ -447,7 +447,61 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             let s = shape(&x).map(|xs| resized_shape(node, &xs, sizes_i.and_then(|i| ins.get(i)).and_then(ints), ins.get(scales_i).and_then(|k| k.constant.as_ref()).and_then(|t| t.to_f64_vec().ok())));
             vec![out(ty(elem(&x), s))]
         }
-        "LSTM" | "GRU" => {
+        "MaxUnpool" => {
+            let s = match ins.get(2).and_then(ints) {
+                Some(os) => Some(os.into_iter().map(Dim::Known).collect()),
+                None => shape(&x).and_then(|xs| {
+                    let k = attr_ints(node, "kernel_shape")?;
+                    let r = k.len();
+                    (xs.len() == r + 2).then(|| {
+                        let get = |n: &str, j: usize, d: i64| node.attr_ints(n).and_then(|v| v.get(j).copied()).unwrap_or(d);
+                        let sp = (0..r).map(|i| match &xs[i + 2] {
+                            Dim::Known(n) => Dim::Known((n - 1) * get("strides", i, 1) + k[i] - get("pads", i, 0) - get("pads", i + r, 0)),
+                            _ => Dim::Unknown,
+                        });
+                        xs[..2].iter().cloned().chain(sp).collect()
+                    })
+                }),
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "Col2Im" => {
+            let (image, block) = (ins.get(1).and_then(ints), ins.get(2).and_then(ints));
+            let s = shape(&x).filter(|xs| xs.len() == 3).and_then(|xs| {
+                let image = image?;
+                let taps: i64 = block?.iter().product();
+                let c = match &xs[1] { Dim::Known(c) if taps > 0 => Dim::Known(c / taps), _ => Dim::Unknown };
+                Some([vec![xs[0].clone(), c], image.into_iter().map(Dim::Known).collect()].concat())
+            });
+            vec![out(ty(elem(&x), s))]
+        }
+        "DeformConv" => {
+            let (ws, os) = (ins.get(1).and_then(shape), ins.get(2).and_then(shape));
+            let s = match (shape(&x), ws, os) {
+                (Some(xs), Some(ws), Some(os)) if xs.len() >= 3 && !ws.is_empty() && os.len() == xs.len() => Some([vec![xs[0].clone(), ws[0].clone()], os[2..].to_vec()].concat()),
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "CenterCropPad" => {
+            let s = match (shape(&x), ins.get(1).and_then(ints)) {
+                (Some(mut xs), Some(target)) => {
+                    let axes: Option<Vec<usize>> = match attr_ints(node, "axes") {
+                        Some(a) => a.iter().map(|&a| norm_axis(a, xs.len())).collect(),
+                        None => Some((0..xs.len()).collect()),
+                    };
+                    axes.filter(|a| a.len() == target.len() && target.iter().all(|&t| t >= 0)).map(|axes| {
+                        for (a, t) in axes.into_iter().zip(target) {
+                            xs[a] = Dim::Known(t);
+                        }
+                        xs
+                    })
+                }
+                _ => None,
+            };
+            vec![out(ty(elem(&x), s))]
+        }
+        "RNN" | "LSTM" | "GRU" => {
             let dirs = if node.attr_str("direction") == Some("bidirectional") { 2 } else { 1 };
             let hidden = node.attr_int("hidden_size").map(Dim::Known).unwrap_or(Dim::Unknown);
             let layout = node.attr_int("layout").unwrap_or(0);
@@ -461,7 +515,11 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
                 }
             }).unzip();
             let e = elem(&x);
-            vec![out(ty(e, y)), out(ty(e, st.clone())), out(ty(e, st))]
+            let mut outs = vec![out(ty(e, y)), out(ty(e, st.clone())), out(ty(e, st))];
+            if node.op_type == "RNN" {
+                outs.truncate(2);
+            }
+            outs
         }
         "QuantizeLinear" => {
             let zp = ins.get(2).and_then(elem);

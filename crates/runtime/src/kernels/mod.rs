@@ -20,7 +20,7 @@ mod resize;
 mod rnn;
 mod sampling;
 mod select;
-mod shape;
+pub(crate) mod shape;
 mod signal;
 pub(crate) mod util;
 

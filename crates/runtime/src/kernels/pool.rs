@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 use super::conv::{check_output_size, Axis, Window};
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, kernel, lane_sum, min_items, par_chunks_mut, tensor, threads, vectorized, ELEMENT_WORK};
+use super::shape::{cast_tensor, concat_with_value, strides as strides_of};
+use super::util::{gather_elements, input, ints, kernel, opt_input, lane_sum, min_items, par_chunks_mut, tensor, threads, vectorized, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 use qforge_ir::DType;
 
@@ -18,6 +19,7 @@ pub fn register(r: &mut Registry) {
     r.add("", "LpPool", 1, LATEST, pool);
     r.add("", "GlobalLpPool", 1, LATEST, global);
     r.add("", "LRN", 1, LATEST, lrn);
+    r.add("", "MaxUnpool", 9, LATEST, max_unpool);
 }
 
 /// The exponent `p` of LpPool and GlobalLpPool: a float attribute in opset 1, an integer one
@@ -433,6 +435,82 @@ fn global(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let mut shape = s[..2].to_vec();
         shape.extend(std::iter::repeat_n(1, s.len() - 2));
         Ok(vec![from_f32(x.dtype(), &shape, out)?])
+    })
+}
+
+/// Plans a MaxUnpool node (opsets 9, 11, 22): X `[N, C, D1, ..., Dr]`, int64 indices I of
+/// X's shape, optional int64 `output_shape` (opset 11 on; rank r + 2). The unpooled shape is
+/// `[N, C, (Di - 1) * stride_i - pad_begin_i - pad_end_i + kernel_i, ...]` (`kernel_shape`
+/// required; `strides` default 1, `pads` default 0). Each X value goes to the flat position
+/// its index names in a zero tensor of the unpooled shape (a later duplicate index wins);
+/// with `output_shape` that tensor is placed at the start of a zero output of that shape,
+/// which must be at least as large on every axis and keep N and C.
+fn max_unpool(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let kernel_shape = info.attr_ints("kernel_shape").ok_or_else(|| info.error("'kernel_shape' is required"))?;
+    let r = kernel_shape.len();
+    let strides = info.attr_ints("strides").unwrap_or_else(|| vec![1; r]);
+    let pads = info.attr_ints("pads").unwrap_or_else(|| vec![0; 2 * r]);
+    if strides.len() != r || pads.len() != 2 * r {
+        return Err(info.error(format!("kernel_shape {kernel_shape:?} needs {r} strides and {} pads; got strides {strides:?} and pads {pads:?}", 2 * r)));
+    }
+    if kernel_shape.iter().chain(&strides).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) {
+        return Err(info.error(format!("kernel_shape {kernel_shape:?} and strides {strides:?} must be positive and pads {pads:?} not negative")));
+    }
+    kernel(move |ins| {
+        let (x, indices) = (input(ins, 0)?, input(ins, 1)?);
+        let s = x.shape();
+        if s.len() != r + 2 {
+            return Err(kernel_error(format!("MaxUnpool: X has shape {s:?}; kernel_shape {kernel_shape:?} needs rank {}", r + 2)));
+        }
+        if indices.shape() != s {
+            return Err(kernel_error(format!("MaxUnpool: indices have shape {:?}; X has shape {s:?}", indices.shape())));
+        }
+        let mut unpooled = s[..2].to_vec();
+        for i in 0..r {
+            let size = (s[i + 2] as i64 - 1).checked_mul(strides[i]).and_then(|v| v.checked_add(kernel_shape[i])).and_then(|v| v.checked_sub(pads[i] + pads[i + r]));
+            match size.and_then(|v| usize::try_from(v).ok()) {
+                Some(v) => unpooled.push(v),
+                None => return Err(kernel_error(format!("MaxUnpool: spatial axis {i} of size {} with kernel {}, stride {} and pads {}+{} gives no valid output size", s[i + 2], kernel_shape[i], strides[i], pads[i], pads[i + r]))),
+            }
+        }
+        let out: Vec<usize> = match opt_input(ins, 2) {
+            Some(t) => {
+                let v = ints(t, "MaxUnpool output_shape")?;
+                let fits = v.len() == r + 2 && v[..2].iter().zip(&unpooled).all(|(&o, &u)| o == u as i64) && v[2..].iter().zip(&unpooled[2..]).all(|(&o, &u)| o >= u as i64);
+                if !fits {
+                    return Err(kernel_error(format!("MaxUnpool: output_shape {v:?} must have rank {} and hold the unpooled shape {unpooled:?}", r + 2)));
+                }
+                v.iter().map(|&d| d as usize).collect()
+            }
+            None => unpooled.clone(),
+        };
+        check_output_size("MaxUnpool output", x.dtype(), &out)?;
+        let total: usize = unpooled.iter().product();
+        let mut source: Vec<Option<usize>> = vec![None; total];
+        for (j, idx) in ints(indices, "MaxUnpool indices")?.into_iter().enumerate() {
+            match usize::try_from(idx).ok().filter(|&p| p < total) {
+                Some(p) => source[p] = Some(j),
+                None => return Err(kernel_error(format!("MaxUnpool: index {idx} is outside the unpooled tensor {unpooled:?} of {total} elements"))),
+            }
+        }
+        let zero = cast_tensor(&qforge_ir::Tensor::scalar(0f32), x.dtype())?;
+        let joined = concat_with_value(x, &zero)?;
+        let fill = x.len();
+        let unpooled_strides = strides_of(&unpooled);
+        let out_strides = strides_of(&out);
+        let out_len: usize = out.iter().product();
+        let picks = (0..out_len).map(|o| {
+            let mut at = 0;
+            for (d, (&os, &us)) in out_strides.iter().zip(&unpooled_strides).enumerate() {
+                let c = (o / os) % out[d];
+                if c >= unpooled[d] {
+                    return fill;
+                }
+                at += c * us;
+            }
+            source[at].unwrap_or(fill)
+        });
+        Ok(vec![gather_elements(&joined, &out, picks)?])
     })
 }
 

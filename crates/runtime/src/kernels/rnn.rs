@@ -1,12 +1,15 @@
-//! Recurrent layers: LSTM and GRU (forward, reverse, bidirectional; layout 0 and 1).
+//! Recurrent layers: RNN, LSTM and GRU (forward, reverse, bidirectional; layout 0 and 1).
 
+use super::conv::check_output_size;
 use super::elementwise::{from_f32, to_f32};
 use super::gemm::{sgemm, MatRef};
 use super::util::{input, ints, kernel, opt_input};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
+use qforge_ir::DType;
 
-/// Registers LSTM and GRU.
+/// Registers RNN, LSTM and GRU.
 pub fn register(r: &mut Registry) {
+    r.add("", "RNN", 7, LATEST, rnn);
     r.add("", "LSTM", 7, LATEST, lstm);
     r.add("", "GRU", 7, LATEST, gru);
 }
@@ -22,7 +25,10 @@ fn activation(name: &str) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
         "leakyrelu" => |x, a, _| if x < 0.0 { a * x } else { x },
         "softsign" => |x, _, _| x / (1.0 + x.abs()),
         "softplus" => |x, _, _| x.exp().ln_1p(),
-        other => return Err(kernel_error(format!("activation '{other}' is not supported"))),
+        "thresholdedrelu" => |x, a, _| if x > a { x } else { 0.0 },
+        "scaledtanh" => |x, a, b| a * super::math::tanh(b * x),
+        "elu" => |x, a, _| if x < 0.0 { a * (x.exp() - 1.0) } else { x },
+        _ => return Err(kernel_error(format!("activation '{name}' is not supported"))),
     })
 }
 
@@ -31,6 +37,11 @@ fn activation(name: &str) -> RuntimeResult<fn(f32, f32, f32) -> f32> {
 struct Acts(Vec<(fn(f32, f32, f32) -> f32, f32, f32)>);
 
 impl Acts {
+    /// The activations of a node: its `activations` attribute (one name per gate role per
+    /// direction) or `defaults` repeated for each of `dirs` directions. `activation_alpha` and
+    /// `activation_beta` are consumed in order by the activations that take them (alpha:
+    /// Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu; beta: Affine,
+    /// ScaledTanh, HardSigmoid); missing values take the spec's defaults.
     fn from_node(info: &NodeInfo, defaults: &[&str], dirs: usize) -> RuntimeResult<Acts> {
         let names: Vec<String> = match info.node.attr("activations") {
             Some(qforge_ir::Attr::Strings(v)) => v.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect(),
@@ -38,11 +49,25 @@ impl Acts {
         };
         let floats = |n: &str| match info.node.attr(n) { Some(qforge_ir::Attr::Floats(v)) => v.clone(), _ => vec![] };
         let (alphas, betas) = (floats("activation_alpha"), floats("activation_beta"));
-        let default_alpha = |n: &str| match n.to_ascii_lowercase().as_str() { "leakyrelu" => 0.01, "hardsigmoid" => 0.2, _ => 1.0 };
-        let default_beta = |n: &str| if n.eq_ignore_ascii_case("hardsigmoid") { 0.5 } else { 0.0 };
-        let v = names.iter().enumerate().map(|(i, n)| {
-            Ok((activation(n).map_err(|e| info.error(e.to_string()))?, alphas.get(i).copied().unwrap_or(default_alpha(n)), betas.get(i).copied().unwrap_or(default_beta(n))))
-        }).collect::<RuntimeResult<Vec<_>>>()?;
+        let (mut next_alpha, mut next_beta) = (alphas.into_iter(), betas.into_iter());
+        let mut v = vec![];
+        for n in &names {
+            let f = activation(n).map_err(|e| info.error(e.to_string()))?;
+            let lower = n.to_ascii_lowercase();
+            let alpha = match lower.as_str() {
+                "affine" | "thresholdedrelu" | "scaledtanh" | "elu" => next_alpha.next().unwrap_or(1.0),
+                "leakyrelu" => next_alpha.next().unwrap_or(0.01),
+                "hardsigmoid" => next_alpha.next().unwrap_or(0.2),
+                _ => 1.0,
+            };
+            let beta = match lower.as_str() {
+                "affine" => next_beta.next().unwrap_or(0.0),
+                "scaledtanh" => next_beta.next().unwrap_or(1.0),
+                "hardsigmoid" => next_beta.next().unwrap_or(0.5),
+                _ => 0.0,
+            };
+            v.push((f, alpha, beta));
+        }
         if v.len() != defaults.len() * dirs {
             return Err(info.error(format!("{} activations given, {} needed", v.len(), defaults.len() * dirs)));
         }
@@ -279,5 +304,117 @@ fn gru(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             return Ok(vec![from_f32(dt, &[batch, seq, dirs, h], to_layout1(y, &ys))?, from_f32(dt, &[batch, dirs, h], to_layout1(yh, &ss))?]);
         }
         Ok(vec![from_f32(dt, &ys, y)?, from_f32(dt, &ss, yh)?])
+    })
+}
+
+/// The float values of an optional input that must have `shape`, or `None` when absent; the
+/// error names the input `what` and both shapes.
+fn shaped_input(ins: &[Option<&qforge_ir::Tensor>], i: usize, what: &str, shape: &[usize]) -> RuntimeResult<Option<Vec<f32>>> {
+    let Some(t) = opt_input(ins, i) else { return Ok(None) };
+    if t.shape() != shape {
+        return Err(kernel_error(format!("RNN: {what} has shape {:?}; expected {shape:?}", t.shape())));
+    }
+    Ok(Some(to_f32(t)?.into_owned()))
+}
+
+/// Plans an RNN node (opsets 7, 14, 22): X `[seq, batch, input]` (layout 1: `[batch, seq,
+/// input]`), W `[dirs, hidden, input]`, R `[dirs, hidden, hidden]`, optional B `[dirs,
+/// 2 * hidden]` (Wb then Rb), sequence_lens `[batch]` (each in `0..=seq`) and initial_h
+/// `[dirs, batch, hidden]`. Each direction computes `H_t = f(clip(X_t W^T + H_{t-1} R^T + Wb
+/// + Rb))` with `f` its activation (Tanh by default); the reverse direction walks each batch
+/// item from its own last step. Outputs Y `[seq, dirs, batch, hidden]` (zero past an item's
+/// length) and Y_h `[dirs, batch, hidden]` (each item's last computed state), or their
+/// batch-first forms under layout 1. The input projection of all steps is one GEMM per
+/// direction; each step adds one `[batch, hidden] x [hidden, hidden]` GEMM.
+fn rnn(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let (dirs, reverse) = directions(info)?;
+    let hidden_attr = info.attr_int("hidden_size", 0);
+    if hidden_attr < 0 {
+        return Err(info.error(format!("hidden_size is {hidden_attr}; it must not be negative")));
+    }
+    let layout = if info.opset >= 14 { info.attr_int("layout", 0) } else { 0 };
+    if !(0..=1).contains(&layout) {
+        return Err(info.error(format!("layout is {layout}; it must be 0 or 1")));
+    }
+    let clip = info.node.attr_float("clip");
+    if let Some(c) = clip.filter(|c| c.is_nan() || *c < 0.0) {
+        return Err(info.error(format!("clip is {c}; it must not be negative")));
+    }
+    let acts = Acts::from_node(info, &["Tanh"], dirs)?;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        if x.rank() != 3 {
+            return Err(kernel_error(format!("RNN: X must be 3-D, got shape {:?}", x.shape())));
+        }
+        let (seq, batch, inp) = if layout == 0 { (x.shape()[0], x.shape()[1], x.shape()[2]) } else { (x.shape()[1], x.shape()[0], x.shape()[2]) };
+        let (w, r) = (input(ins, 1)?, input(ins, 2)?);
+        if r.rank() != 3 {
+            return Err(kernel_error(format!("RNN: R must be 3-D, got shape {:?}", r.shape())));
+        }
+        let h = if hidden_attr > 0 { hidden_attr as usize } else { r.shape()[2] };
+        if w.shape() != [dirs, h, inp] || r.shape() != [dirs, h, h] {
+            return Err(kernel_error(format!("RNN: W {:?} and R {:?} do not fit {dirs} direction(s), hidden size {h} and input size {inp}; expected {:?} and {:?}", w.shape(), r.shape(), [dirs, h, inp], [dirs, h, h])));
+        }
+        let dt = x.dtype();
+        let y_shape = [seq, dirs, batch, h];
+        check_output_size("RNN output Y", dt, &y_shape)?;
+        check_output_size("RNN input projection", DType::F32, &[seq * batch, h])?;
+        let lens: Vec<usize> = match opt_input(ins, 4) {
+            Some(t) => {
+                let v = ints(t, "sequence_lens")?;
+                if v.len() != batch {
+                    return Err(kernel_error(format!("RNN: sequence_lens has {} values; batch size is {batch}", v.len())));
+                }
+                v.iter().map(|&l| usize::try_from(l).ok().filter(|&l| l <= seq).ok_or_else(|| kernel_error(format!("RNN: sequence length {l} is outside 0..={seq}")))).collect::<RuntimeResult<_>>()?
+            }
+            None => vec![seq; batch],
+        };
+        let bias = shaped_input(ins, 3, "B", &[dirs, 2 * h])?;
+        let h0 = shaped_input(ins, 5, "initial_h", &[dirs, batch, h])?;
+        let xv = to_f32(x)?;
+        let xs: std::borrow::Cow<[f32]> = if layout == 0 { xv } else { std::borrow::Cow::Owned(to_layout1(xv.into_owned(), &[batch, seq, inp])) };
+        let (wv, rv) = (to_f32(w)?, to_f32(r)?);
+        let mut y = vec![0f32; seq * dirs * batch * h];
+        let mut yh = vec![0f32; dirs * batch * h];
+        let mut projected = vec![0f32; seq * batch * h];
+        let mut recurrent = vec![0f32; batch * h];
+        let limit = |v: f32| clip.map_or(v, |c| v.clamp(-c, c));
+        for d in 0..dirs {
+            let backward = reverse || d == 1;
+            if inp > 0 && h > 0 && seq * batch > 0 {
+                sgemm(seq * batch, h, inp, MatRef::rows(&xs, inp), MatRef::transposed(&wv[d * h * inp..(d + 1) * h * inp], inp), &mut projected, false);
+            } else {
+                projected.fill(0.0);
+            }
+            let rd = &rv[d * h * h..(d + 1) * h * h];
+            let gate_bias: Vec<f32> = match &bias {
+                Some(b) => (0..h).map(|k| b[d * 2 * h + k] + b[d * 2 * h + h + k]).collect(),
+                None => vec![0.0; h],
+            };
+            let mut state = h0.as_ref().map_or(vec![0.0; batch * h], |v| v[d * batch * h..(d + 1) * batch * h].to_vec());
+            for step in 0..seq {
+                if h > 0 && batch > 0 {
+                    sgemm(batch, h, h, MatRef::rows(&state, h), MatRef::transposed(rd, h), &mut recurrent, false);
+                }
+                for (b, &len) in lens.iter().enumerate() {
+                    if step >= len {
+                        continue;
+                    }
+                    let t = if backward { len - 1 - step } else { step };
+                    let xw = &projected[(t * batch + b) * h..(t * batch + b + 1) * h];
+                    let out = &mut y[((t * dirs + d) * batch + b) * h..((t * dirs + d) * batch + b + 1) * h];
+                    for k in 0..h {
+                        out[k] = acts.apply(d, limit(xw[k] + recurrent[b * h + k] + gate_bias[k]));
+                    }
+                    state[b * h..(b + 1) * h].copy_from_slice(out);
+                }
+            }
+            yh[d * batch * h..(d + 1) * batch * h].copy_from_slice(&state);
+        }
+        let state_shape = [dirs, batch, h];
+        if layout == 1 {
+            return Ok(vec![from_f32(dt, &[batch, seq, dirs, h], to_layout1(y, &y_shape))?, from_f32(dt, &[batch, dirs, h], to_layout1(yh, &state_shape))?]);
+        }
+        Ok(vec![from_f32(dt, &y_shape, y)?, from_f32(dt, &state_shape, yh)?])
     })
 }

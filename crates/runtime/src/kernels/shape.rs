@@ -31,6 +31,7 @@ pub fn register(r: &mut Registry) {
     r.add("", "Expand", 8, LATEST, expand);
     r.add("", "Tile", 6, LATEST, tile);
     r.add("", "Pad", 2, LATEST, pad);
+    r.add("", "CenterCropPad", 18, LATEST, center_crop_pad);
     r.add("", "Constant", 1, LATEST, constant);
     r.add("", "ConstantOfShape", 9, LATEST, constant_of_shape);
     r.add("", "Range", 11, LATEST, range);
@@ -879,6 +880,54 @@ fn pad(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+/// The largest output CenterCropPad allocates, in bytes.
+const CENTER_CROP_PAD_MAX_BYTES: u64 = 8 << 30;
+
+/// Plans a CenterCropPad node (opset 18): input `x` and int64 `shape` with one target size
+/// per axis of the `axes` attribute (default: all axes; negative axes count from the end,
+/// no axis twice). Along each such axis a larger input is cropped to the target around its
+/// center (the extra element of an odd difference comes off the end) and a smaller one is
+/// zero-padded around it (the extra element of an odd difference goes at the end); other
+/// axes are kept.
+fn center_crop_pad(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let axes_attr = info.attr_ints("axes");
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let r = x.rank();
+        let target = ints(input(ins, 1)?, "CenterCropPad shape")?;
+        let axes: Vec<usize> = match &axes_attr {
+            Some(a) => a.iter().map(|&a| axis(a, r)).collect::<RuntimeResult<_>>()?,
+            None => (0..r).collect(),
+        };
+        if target.len() != axes.len() {
+            return Err(kernel_error(format!("CenterCropPad: shape has {} values {target:?}; {} axes {axes:?} need one each", target.len(), axes.len())));
+        }
+        let s = x.shape();
+        let mut out = s.to_vec();
+        let mut before = vec![0i64; r];
+        let mut seen = vec![false; r];
+        for (&a, &size) in axes.iter().zip(&target) {
+            if std::mem::replace(&mut seen[a], true) {
+                return Err(kernel_error(format!("CenterCropPad: axis {a} appears more than once in axes {axes:?}")));
+            }
+            let size = usize::try_from(size).map_err(|_| kernel_error(format!("CenterCropPad: target size {size} for axis {a} is negative")))?;
+            before[a] = if size >= s[a] { ((size - s[a]) / 2) as i64 } else { -(((s[a] - size) / 2) as i64) };
+            out[a] = size;
+        }
+        Tensor::checked_byte_len(x.dtype(), &out, CENTER_CROP_PAD_MAX_BYTES).map_err(|e| kernel_error(format!("CenterCropPad output {out:?}: {e}")))?;
+        let xs = strides(s);
+        let mut src: Vec<Option<usize>> = vec![Some(0)];
+        for k in 0..r {
+            let (map, stride) = (pad_axis_map("constant", s[k], before[k], out[k]), xs[k]);
+            src = src.iter().flat_map(|&p| map.iter().map(move |&c| Some(p? + c? * stride))).collect();
+        }
+        let zero = cast_tensor(&Tensor::scalar(0f32), x.dtype())?;
+        let joined = concat_with_value(x, &zero)?;
+        let fill = x.len();
+        Ok(vec![gather_elements(&joined, &out, src.into_iter().map(|s| s.unwrap_or(fill)))?])
+    })
+}
+
 /// For each of the `len` output coordinates along an axis of input length `d` padded by
 /// `before` in front, the input coordinate Pad `mode` reads, or `None` where the constant
 /// value goes (constant mode outside the input, or an empty input axis).
@@ -906,8 +955,8 @@ fn pad_axis_map(mode: &str, d: usize, before: i64, len: usize) -> Vec<Option<usi
 }
 
 /// `x` flattened with one extra element (the pad value) appended.
-fn concat_with_value(x: &Tensor, value: &Tensor) -> RuntimeResult<Tensor> {
-    let mut raw = x.raw_bytes().ok_or_else(|| kernel_error("Pad on strings is not supported"))?.to_vec();
+pub(crate) fn concat_with_value(x: &Tensor, value: &Tensor) -> RuntimeResult<Tensor> {
+    let mut raw = x.raw_bytes().ok_or_else(|| kernel_error("padding tensors of strings is not supported"))?.to_vec();
     let v = value.raw_bytes().unwrap();
     raw.extend_from_slice(&v[..x.dtype().bits() / 8]);
     Tensor::from_raw(x.dtype(), &[x.len() + 1], &raw).map_err(err)
