@@ -173,6 +173,13 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             let s = node.attr_str("equation").zip(shapes).and_then(|(eq, shapes)| einsum_shape(eq, &shapes));
             vec![out(ty(elem(&x), s))]
         }
+        "Attention" => {
+            let shapes: Vec<Option<Shape>> = (0..5).map(|i| ins.get(i).and_then(shape)).collect();
+            let [y, present_key, present_value, qk] = attention_shapes(node, &shapes);
+            let v_elem = ins.get(2).and_then(elem);
+            vec![out(ty(elem(&x), y)), out(ty(elem(&x), present_key)), out(ty(v_elem, present_value)), out(ty(elem(&x), qk))]
+        }
+        "RotaryEmbedding" => same(),
         "Identity" => vec![x.clone()],
         "Dropout" => vec![out(x.ty.clone()), out(ty(Some(DType::Bool), shape(&x)))],
         "BatchNormalization" => same(),
@@ -732,6 +739,49 @@ fn einsum_shape(equation: &str, shapes: &[Shape]) -> Option<Shape> {
     }
     out.extend(tail.chars().map(|c| sizes.get(&c).cloned()).collect::<Option<Vec<_>>>()?);
     Some(out)
+}
+
+/// The output shapes of Attention (Y, present_key, present_value, qk_matmul_output) from the
+/// shapes of Q, K, V, attn_mask and past_key, where they are known; 3-D inputs take their head
+/// counts from `q_num_heads`/`kv_num_heads`.
+fn attention_shapes(node: &Node, shapes: &[Option<Shape>]) -> [Option<Shape>; 4] {
+    let (Some(q), Some(k), Some(v)) = (&shapes[0], &shapes[1], &shapes[2]) else { return [None, None, None, None] };
+    let heads = |name: &str| node.attr_int(name).filter(|&h| h > 0);
+    let split = |d: &Dim, h: Option<i64>| match (d, h) {
+        (Dim::Known(n), Some(h)) if n % h == 0 => Dim::Known(n / h),
+        _ => Dim::Unknown,
+    };
+    // (batch, q heads, q seq, kv heads, kv seq, k head size, v head size)
+    let dims = match (q.len(), k.len(), v.len()) {
+        (4, 4, 4) => (q[0].clone(), q[1].clone(), q[2].clone(), k[1].clone(), k[2].clone(), k[3].clone(), v[3].clone()),
+        (3, 3, 3) => {
+            let (hq, hkv) = (heads("q_num_heads"), heads("kv_num_heads"));
+            let known = |h: Option<i64>| h.map_or(Dim::Unknown, Dim::Known);
+            (q[0].clone(), known(hq), q[1].clone(), known(hkv), k[1].clone(), split(&k[2], hkv), split(&v[2], hkv))
+        }
+        _ => return [None, None, None, None],
+    };
+    let (batch, q_heads, q_seq, kv_heads, kv_seq, head_size, v_head_size) = dims;
+    let keys = if node.inputs.get(4).is_some_and(|i| i.is_some()) {
+        shapes[4].as_ref().filter(|p| p.len() == 4).map_or(Dim::Unknown, |p| add_dims(&p[2], &kv_seq))
+    } else {
+        kv_seq
+    };
+    let y = if q.len() == 3 {
+        let hidden = match (&q_heads, &v_head_size) {
+            (Dim::Known(h), d) => mul_dim(d, *h),
+            _ => Dim::Unknown,
+        };
+        vec![batch.clone(), q_seq.clone(), hidden]
+    } else {
+        vec![batch.clone(), q_heads.clone(), q_seq.clone(), v_head_size.clone()]
+    };
+    [
+        Some(y),
+        Some(vec![batch.clone(), kv_heads.clone(), keys.clone(), head_size]),
+        Some(vec![batch.clone(), kv_heads, keys.clone(), v_head_size]),
+        Some(vec![batch, q_heads, q_seq, keys]),
+    ]
 }
 
 fn product(dims: &[Dim]) -> Dim {

@@ -1,6 +1,7 @@
 //! Built-in kernels, grouped by family. Each family file has a `register` function listing
 //! its ops, one registry line each.
 
+mod attention;
 mod control;
 pub(crate) mod conv;
 mod detection;
@@ -26,6 +27,7 @@ pub(crate) mod util;
 
 /// Registers every built-in kernel.
 pub fn register_all(r: &mut crate::Registry) {
+    attention::register(r);
     control::register(r);
     conv::register(r);
     detection::register(r);
