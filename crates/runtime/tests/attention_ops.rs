@@ -1,4 +1,4 @@
-//! Attention and RotaryEmbedding beyond the ONNX node tests: bad inputs are errors naming
+//! Attention, RotaryEmbedding and SwiGLU beyond the ONNX node tests: bad inputs are errors naming
 //! what is wrong (never panics), and masked rows and grouped heads give the right results.
 
 use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor};
@@ -123,4 +123,14 @@ fn rotary_embedding_rotates_pairs_and_rejects_bad_inputs() {
     expect_err(run("RotaryEmbedding", 23, &[], vec![zeros(&[1, 1, 4]), cache(0.0), cache(1.0), pos.clone()], 1), &["num_heads"]);
     expect_err(run("RotaryEmbedding", 23, &[], vec![x.clone(), f32s(&[1, 3], vec![0.0; 3]), f32s(&[1, 3], vec![0.0; 3]), pos], 1), &["last dimension 3", "2"]);
     expect_err(run("RotaryEmbedding", 23, &[], vec![x, cache(0.0), cache(1.0)], 1), &["without position_ids", "[1, 1, 2]"]);
+}
+
+#[test]
+fn swiglu_gates_values_and_rejects_mismatched_inputs() {
+    let out = run("SwiGLU", 28, &[], vec![f32s(&[2], vec![0.0, 2.0]), f32s(&[2], vec![5.0, 3.0])], 1).unwrap();
+    let want = 2.0 / (1.0 + (-2.0f32).exp()) * 3.0;
+    let y = out[0].as_slice::<f32>().unwrap();
+    assert_eq!(y[0], 0.0);
+    assert!((y[1] - want).abs() < 1e-5, "{y:?}");
+    expect_err(run("SwiGLU", 28, &[], vec![zeros(&[2, 3]), zeros(&[3])], 1), &["[2, 3]", "[3]"]);
 }

@@ -179,7 +179,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             let v_elem = ins.get(2).and_then(elem);
             vec![out(ty(elem(&x), y)), out(ty(elem(&x), present_key)), out(ty(v_elem, present_value)), out(ty(elem(&x), qk))]
         }
-        "RotaryEmbedding" => same(),
+        "RotaryEmbedding" | "SwiGLU" => same(),
         "Identity" => vec![x.clone()],
         "Dropout" => vec![out(x.ty.clone()), out(ty(Some(DType::Bool), shape(&x)))],
         "BatchNormalization" => same(),

@@ -1,4 +1,4 @@
-//! Transformer ops: Attention (opsets 23-25) and RotaryEmbedding (opset 23).
+//! Transformer ops: Attention (opsets 23-25), RotaryEmbedding (opset 23) and SwiGLU (opset 28).
 //!
 //! Attention computes in f32 whatever its float input types: Q·Kᵀ and P·V run as batched
 //! matrix products through the crate's gemm (one product per batch and query head, reading
@@ -10,15 +10,16 @@ use std::borrow::Cow;
 use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
-use super::elementwise::{from_f32, to_f32};
+use super::elementwise::{from_f32, sigmoid, to_f32};
 use super::gemm::{sgemm_into, MatRef};
 use super::util::{input, ints, kernel, min_items, opt_input, par_chunks_mut, threads, ELEMENT_WORK, PAR_MIN_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
-/// Registers Attention and RotaryEmbedding.
+/// Registers Attention, RotaryEmbedding and SwiGLU.
 pub fn register(r: &mut Registry) {
     r.add("", "Attention", 23, LATEST, attention);
     r.add("", "RotaryEmbedding", 23, LATEST, rotary_embedding);
+    r.add("", "SwiGLU", 28, LATEST, swiglu);
 }
 
 /// The most bytes one input, intermediate or output of these ops may take.
@@ -569,5 +570,27 @@ fn rotary_embedding(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             }
         }
         Ok(vec![from_f32(x.dtype(), x.shape(), out)?])
+    })
+}
+
+/// SwiGLU (opset 28): `Y = A · sigmoid(alpha · A) · B` elementwise over gate `A` and value
+/// `B` of one shape and float type (no broadcasting). Computes in f32; Y has A's shape and
+/// type.
+fn swiglu(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let alpha = info.attr_float("alpha", 1.0);
+    kernel(move |ins| {
+        let (a, b) = (input(ins, 0)?, input(ins, 1)?);
+        if a.shape() != b.shape() || a.dtype() != b.dtype() {
+            return Err(kernel_error(format!("SwiGLU inputs A and B must share one shape and type, got {} {:?} and {} {:?}", a.dtype(), a.shape(), b.dtype(), b.shape())));
+        }
+        let (av, bv) = (to_f32(a)?, to_f32(b)?);
+        let mut y = vec![0f32; av.len()];
+        par_chunks_mut(&mut y, 1 << 14, min_items((1 << 14) * ELEMENT_WORK), || (), |_, c, dst| {
+            let at = c << 14;
+            for ((d, &x), &v) in dst.iter_mut().zip(&av[at..]).zip(&bv[at..]) {
+                *d = x * sigmoid(alpha * x) * v;
+            }
+        });
+        Ok(vec![from_f32(a.dtype(), a.shape(), y)?])
     })
 }
