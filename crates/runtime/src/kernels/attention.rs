@@ -253,15 +253,16 @@ fn batched_products<'a>(out: &mut [f32], m: usize, n: usize, k: usize, a: impl F
 
 /// Softmax of one row of scores in place, after adding `bias`: the row maximum is
 /// subtracted first, a NaN score makes the row NaN, and a row whose bias is -inf
-/// everywhere (no key attended) becomes zeros.
-fn masked_softmax(row: &mut [f32], bias: &[f32]) {
+/// everywhere (no key attended) becomes zeros. `round` is applied to every intermediate
+/// (the identity, or rounding to the input's precision).
+fn masked_softmax(row: &mut [f32], bias: &[f32], round: impl Fn(f32) -> f32) {
     if !bias.iter().any(|&b| b != f32::NEG_INFINITY) {
         row.fill(0.0);
         return;
     }
     let mut max = f32::NEG_INFINITY;
     for (x, &b) in row.iter_mut().zip(bias) {
-        *x += b;
+        *x = round(*x + b);
         if x.is_nan() || *x > max {
             max = *x;
         }
@@ -269,11 +270,11 @@ fn masked_softmax(row: &mut [f32], bias: &[f32]) {
     let shift = if max == f32::NEG_INFINITY { 0.0 } else { max };
     let mut sum = 0.0;
     for x in row.iter_mut() {
-        *x = (*x - shift).exp();
-        sum += *x;
+        *x = round(round(*x - shift).exp());
+        sum = round(sum + *x);
     }
-    let inv = if sum == 0.0 { 1.0 } else { 1.0 / sum };
-    row.iter_mut().for_each(|x| *x *= inv);
+    let sum = if sum == 0.0 { 1.0 } else { sum };
+    row.iter_mut().for_each(|x| *x = round(*x / sum));
 }
 
 /// Attention (opsets 23-25): `softmax(softcap(scale · Q·Kᵀ) + bias) · V` per batch and query
@@ -419,11 +420,20 @@ fn run_attention(a: &AttentionAttrs, ins: &[Option<&Tensor>], nonpad: Option<&Te
         valid_keys,
     };
 
-    let scale_root = round_to(q.dtype(), a.scale.unwrap_or(1.0 / (head_size as f32).sqrt()).sqrt());
-    let alpha = scale_root * scale_root;
+    let dtype = q.dtype();
+    let scale_root = round_to(dtype, a.scale.unwrap_or(1.0 / (head_size as f32).sqrt()).sqrt());
+    // bfloat16 inputs follow the reference's rounding to bfloat16 after every step (Q and K
+    // each scaled by the rounded root, products accumulated in f32); the other types keep
+    // f32 intermediates and apply the scale once to the products.
+    let half_precision = dtype == DType::BF16;
+    let round = |x: f32| if half_precision { round_to(dtype, x) } else { x };
+    let scaled = |x: &[f32]| x.iter().map(|&v| round(v * scale_root)).collect::<Vec<f32>>();
+    let (q_scaled, k_scaled) = if half_precision { (Some(scaled(&qv)), Some(scaled(k_src))) } else { (None, None) };
+    let (q_src, k_src) = (q_scaled.as_deref().unwrap_or(&qv), k_scaled.as_deref().unwrap_or(k_src));
+    let alpha = if half_precision { 1.0 } else { scale_root * scale_root };
     let mut scores = vec![0f32; scores_len];
     batched_products(&mut scores, q_seq, keys, head_size,
-        |p| ql.matrix(&qv, p / q_heads, p % q_heads),
+        |p| ql.matrix(q_src, p / q_heads, p % q_heads),
         |p| {
             let m = k_layout.matrix(k_src, p / q_heads, p % q_heads / group);
             MatRef { data: m.data, rs: m.cs, cs: m.rs }
@@ -432,9 +442,9 @@ fn run_attention(a: &AttentionAttrs, ins: &[Option<&Tensor>], nonpad: Option<&Te
     let row_min = min_items(keys.max(1) * ELEMENT_WORK);
     par_chunks_mut(&mut scores, keys.max(1), row_min, || (), |_, _, row| {
         for x in row.iter_mut() {
-            *x *= alpha;
+            *x = round(*x * alpha);
             if softcap > 0.0 {
-                *x = softcap * (*x / softcap).tanh();
+                *x = round(softcap * round(round(*x / softcap).tanh()));
             }
         }
     });
@@ -446,7 +456,7 @@ fn run_attention(a: &AttentionAttrs, ins: &[Option<&Tensor>], nonpad: Option<&Te
             par_chunks_mut(&mut biased, keys.max(1), row_min, || vec![0f32; keys], |bias_row, r, row| {
                 let (b, h, i) = row_coords(r);
                 bias.fill(b, h, i, bias_row);
-                row.iter_mut().zip(bias_row.iter()).for_each(|(x, &c)| *x += c);
+                row.iter_mut().zip(bias_row.iter()).for_each(|(x, &c)| *x = round(*x + c));
             });
             Some(biased)
         }
@@ -455,7 +465,7 @@ fn run_attention(a: &AttentionAttrs, ins: &[Option<&Tensor>], nonpad: Option<&Te
     par_chunks_mut(&mut scores, keys.max(1), row_min, || vec![0f32; keys], |bias_row, r, row| {
         let (b, h, i) = row_coords(r);
         bias.fill(b, h, i, bias_row);
-        masked_softmax(row, bias_row);
+        masked_softmax(row, bias_row, round);
     });
     if a.qk_output == QkOutput::Probabilities && wants_qk {
         qk_out = Some(scores.clone());
