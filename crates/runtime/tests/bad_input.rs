@@ -1,6 +1,9 @@
 //! Wrong inputs and unsupported ops give errors that name the input or node, never panics.
 
-use qforge_ir::{DType, Graph, Model, Node, OpsetImport, Tensor, ValueType};
+mod common;
+
+use common::{expect_err, f32s, i64s, run};
+use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueType};
 use qforge_runtime::{RuntimeError, Session};
 use qforge_testkit::repo;
 
@@ -70,4 +73,24 @@ fn a_conv_kernel_of_size_zero_is_an_error_naming_the_node() {
     let feed = vec![("x".into(), Tensor::zeros(DType::F32, &[1, 1, 4, 4]).unwrap()), ("w".into(), Tensor::zeros(DType::F32, &[1, 1, 0, 3]).unwrap())];
     let e = err(s.run(feed));
     assert!(e.contains("'empty_kernel'") && e.contains("kernel size 0"), "{e}");
+}
+
+#[test]
+fn ops_along_an_axis_refuse_scalars() {
+    let scalar = || f32s(&[], vec![1.5]);
+    for (op, inputs) in [
+        ("ArgMax", vec![scalar()]),
+        ("ArgMin", vec![scalar()]),
+        ("Softmax", vec![scalar()]),
+        ("LogSoftmax", vec![scalar()]),
+        ("Hardmax", vec![scalar()]),
+        ("LpNormalization", vec![scalar()]),
+        ("Split", vec![scalar()]),
+        ("Concat", vec![scalar(), scalar()]),
+        ("Gather", vec![scalar(), i64s(&[], vec![0])]),
+        ("CumSum", vec![scalar(), i64s(&[], vec![0])]),
+    ] {
+        let attrs: &[(&str, Attr)] = if op == "CumSum" { &[] } else { &[("axis", Attr::Int(0))] };
+        expect_err(run(op, 13, attrs, inputs, 1), &["axis 0", "rank 0"]);
+    }
 }

@@ -236,6 +236,25 @@ mod tests {
     }
 
     #[test]
+    fn axes_of_scalars_leave_shapes_unknown() {
+        // Concat, Gather and Split take an axis that a scalar does not have.
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[]))).unwrap();
+        let i = g.add_initializer("i", Tensor::from_vec(&[], vec![0i64]).unwrap()).unwrap();
+        let mut outs = vec![];
+        for (op, inputs) in [("Concat", vec![x, x]), ("Gather", vec![x, i]), ("Split", vec![x])] {
+            let y = g.new_value(format!("{op}_out"), None).unwrap();
+            g.add_node(Node::new(op, op).with_inputs(inputs).with_outputs([y]).with_attr("axis", crate::Attr::Int(0))).unwrap();
+            outs.push(y);
+        }
+        g.set_outputs(outs.clone()).unwrap();
+        infer_graph(&mut g, &[]);
+        for y in outs {
+            assert_eq!(g.value(y).unwrap().ty.as_ref().and_then(|t| t.shape()), None, "{}", g.value_name(y));
+        }
+    }
+
+    #[test]
     fn contradictions_are_reported_not_applied() {
         let mut g = Graph::new("g");
         let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[2, 3]))).unwrap();

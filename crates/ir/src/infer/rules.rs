@@ -35,7 +35,7 @@ fn ints(k: &Known) -> Option<Vec<i64>> {
 fn norm_axis(a: i64, rank: usize) -> Option<usize> {
     let r = rank as i64;
     let a = if a < 0 { a + r } else { a };
-    (0..r.max(1)).contains(&a).then_some(a as usize)
+    (0..r).contains(&a).then_some(a as usize)
 }
 
 /// Numpy broadcast of symbolic shapes.

@@ -120,7 +120,7 @@ pub fn single_int(t: &Tensor, what: &str) -> RuntimeResult<i64> {
 /// `axis` in `[-rank, rank)` as an index.
 pub fn axis(axis: i64, rank: usize) -> RuntimeResult<usize> {
     let r = rank as i64;
-    if axis < -r || axis >= r.max(1) {
+    if axis < -r || axis >= r {
         return Err(kernel_error(format!("axis {axis} is out of range for rank {rank}")));
     }
     Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
