@@ -22,13 +22,10 @@ pub fn register(r: &mut Registry) {
     r.add("", "SwiGLU", 28, LATEST, swiglu);
 }
 
-/// The most bytes one input, intermediate or output of these ops may take.
-const MAX_BYTES: u64 = 8 << 30;
-
 /// Elements of a tensor of `dims`, or an error naming `what` when it would exceed
-/// [`MAX_BYTES`] as f32.
+/// [`MAX_KERNEL_BYTES`](super::util::MAX_KERNEL_BYTES) as f32.
 fn checked_len(dims: &[usize], what: &str) -> RuntimeResult<usize> {
-    Tensor::checked_byte_len(DType::F32, dims, MAX_BYTES).map_err(|e| kernel_error(format!("{what}: {e}")))?;
+    super::util::check_output_size(what, DType::F32, dims)?;
     Ok(dims.iter().product())
 }
 

@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use super::elementwise::{from_f32, to_f32};
 use super::fused::{Bound, Program, Scratch};
 use super::gemm::{sgemm_into, MatRef};
-use super::util::{assume_init, assume_init_mut, input, kernel, map_in_place, min_items, opt_input, par_chunks_mut, par_steps, threads, uninit, ELEMENT_WORK};
+use super::util::{assume_init, assume_init_mut, check_output_size, input, kernel, map_in_place, min_items, opt_input, par_chunks_mut, par_steps, threads, uninit, ELEMENT_WORK};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, LATEST};
 use qforge_ir::{DType, Tensor};
 
@@ -108,14 +108,6 @@ impl Window {
     }
 }
 
-/// Checks that an output of `dtype` elements and `shape`, which a kernel is about to allocate,
-/// stays within [`MAX_OUTPUT_BYTES`]; the error names it `what`.
-pub(crate) fn check_output_size(what: &str, dtype: DType, shape: &[usize]) -> RuntimeResult<()> {
-    Tensor::checked_byte_len(dtype, shape, MAX_OUTPUT_BYTES).map(|_| ()).map_err(|e| kernel_error(format!("{what} {shape:?} is too large: {e}")))
-}
-
-/// The largest output a convolution or pooling kernel allocates, in bytes.
-const MAX_OUTPUT_BYTES: u64 = 8 << 30;
 
 impl Axis {
     /// An axis of size 1 with a 1-tap window: the height a 1-D input gets on the 2-D paths.

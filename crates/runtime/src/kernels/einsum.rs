@@ -20,9 +20,6 @@ pub fn register(r: &mut Registry) {
     r.add("", "Einsum", 12, LATEST, einsum);
 }
 
-/// The most bytes one operand, intermediate or output of an einsum may take.
-const MAX_BYTES: u64 = 8 << 30;
-
 /// Letters are labels `0..LETTERS` in ASCII order (`A..Z` then `a..z`); the dimensions an
 /// ellipsis stands for are labels `LETTERS..`.
 const LETTERS: usize = 52;
@@ -227,9 +224,10 @@ fn for_each_offset(dims: &[usize], strides: &[usize], base: usize, mut f: impl F
     }
 }
 
-/// Elements of `dims`, or an error when a tensor of them would exceed [`MAX_BYTES`].
+/// Elements of `dims`, or an error when an f64 tensor of them would exceed
+/// [`MAX_KERNEL_BYTES`](super::util::MAX_KERNEL_BYTES).
 fn checked_len(dims: &[usize]) -> RuntimeResult<usize> {
-    Tensor::checked_byte_len(DType::F64, dims, MAX_BYTES).map_err(|e| kernel_error(format!("Einsum: {e}")))?;
+    super::util::check_output_size("Einsum operand", DType::F64, dims)?;
     Ok(dims.iter().product())
 }
 

@@ -3,7 +3,8 @@
 
 use rayon::prelude::*;
 
-use super::conv::{check_output_size, Axis, Window};
+use super::conv::{Axis, Window};
+use super::util::check_output_size;
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
 use super::shape::{cast_tensor, concat_with_value, strides as strides_of};
 use super::util::{gather_elements, input, ints, kernel, opt_input, lane_sum, min_items, par_chunks_mut, tensor, threads, vectorized, ELEMENT_WORK};

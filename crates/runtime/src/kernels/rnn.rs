@@ -1,6 +1,6 @@
 //! Recurrent layers: RNN, LSTM and GRU (forward, reverse, bidirectional; layout 0 and 1).
 
-use super::conv::check_output_size;
+use super::util::check_output_size;
 use super::elementwise::{from_f32, to_f32};
 use super::gemm::{sgemm, MatRef};
 use super::util::{input, ints, kernel, opt_input};

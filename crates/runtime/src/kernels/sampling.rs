@@ -1,11 +1,11 @@
 //! Spatial sampling: GridSample (values at normalized grid locations), AffineGrid (the grid
 //! of an affine transform) and RoiAlign (bilinear pooling over regions of interest).
 
-use qforge_ir::{DType, Tensor};
+use qforge_ir::DType;
 
 use super::elementwise::{from_f32, to_f32};
 use super::shape::cast_tensor;
-use super::util::{input, ints, kernel, par_chunks_mut, tensor};
+use super::util::{check_output_size, input, ints, kernel, par_chunks_mut, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers GridSample, AffineGrid and RoiAlign.
@@ -13,14 +13,6 @@ pub fn register(r: &mut Registry) {
     r.add("", "GridSample", 16, LATEST, grid_sample);
     r.add("", "AffineGrid", 20, LATEST, affine_grid);
     r.add("", "RoiAlign", 10, LATEST, roi_align);
-}
-
-/// Largest output, in bytes, these kernels allocate.
-const MAX_OUTPUT_BYTES: u64 = 8 << 30;
-
-/// Checks that a `dtype` tensor of `shape` stays within [`MAX_OUTPUT_BYTES`].
-fn check_output_size(dtype: DType, shape: &[usize]) -> RuntimeResult<()> {
-    Tensor::checked_byte_len(dtype, shape, MAX_OUTPUT_BYTES).map(|_| ()).map_err(|e| kernel_error(e.to_string()))
 }
 
 /// How GridSample interpolates between input elements.
@@ -191,7 +183,7 @@ fn grid_sample(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let out_spatial = &gs[1..=r];
         let mut out_shape = vec![n, c];
         out_shape.extend_from_slice(out_spatial);
-        check_output_size(x.dtype(), &out_shape)?;
+        check_output_size("GridSample output", x.dtype(), &out_shape)?;
         let points: usize = out_spatial.iter().product();
         let plane: usize = spatial.iter().product();
         let compute_type = if x.dtype().is_float() { x.dtype() } else { DType::F32 };
@@ -269,7 +261,7 @@ fn affine_grid(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let mut out_shape = vec![n];
         out_shape.extend_from_slice(spatial);
         out_shape.push(r);
-        check_output_size(theta.dtype(), &out_shape)?;
+        check_output_size("AffineGrid output", theta.dtype(), &out_shape)?;
         let th = theta.to_f64_vec().map_err(|_| kernel_error(format!("theta must be a float tensor, got {}", theta.dtype())))?;
         let location = |i: usize, len: usize| -> f64 {
             let (i, len) = (i as f64, len as f64);
@@ -386,7 +378,7 @@ fn roi_align(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             return Err(kernel_error(format!("batch index {b} is out of range for a batch of {n}")));
         }
         let out_shape = [num_rois, c, oh, ow];
-        check_output_size(x.dtype(), &out_shape)?;
+        check_output_size("RoiAlign output", x.dtype(), &out_shape)?;
         if num_rois > 0 && c > 0 && (height == 0 || width == 0) {
             return Err(kernel_error(format!("X has an empty feature map ({height} x {width})")));
         }

@@ -4,7 +4,7 @@ use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
 use super::select::gather_blocks;
-use super::util::{axis, broadcast_shape, broadcast_to, gather_elements, input, ints, kernel, opt_input, single_int, tensor};
+use super::util::{axis, broadcast_shape, broadcast_to, check_output_size, gather_elements, input, ints, kernel, opt_input, single_int, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the shape and data-movement operators.
@@ -791,7 +791,7 @@ fn one_hot(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         let mut shape = idx.shape().to_vec();
         shape.insert(ax, depth);
-        Tensor::checked_byte_len(values.dtype(), &shape, 8 << 30).map_err(err)?;
+        check_output_size("OneHot output", values.dtype(), &shape)?;
         let d = depth as i64;
         let hot: Vec<Option<usize>> = cast_tensor(idx, DType::I64)?.as_slice::<i64>().map_err(err)?.iter()
             .map(|&i| if wrap && i < 0 { i + d } else { i })
@@ -880,9 +880,6 @@ fn pad(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
-/// The largest output CenterCropPad allocates, in bytes.
-const CENTER_CROP_PAD_MAX_BYTES: u64 = 8 << 30;
-
 /// Plans a CenterCropPad node (opset 18): input `x` and int64 `shape` with one target size
 /// per axis of the `axes` attribute (default: all axes; negative axes count from the end,
 /// no axis twice). Along each such axis a larger input is cropped to the target around its
@@ -914,7 +911,7 @@ fn center_crop_pad(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             before[a] = if size >= s[a] { ((size - s[a]) / 2) as i64 } else { -(((s[a] - size) / 2) as i64) };
             out[a] = size;
         }
-        Tensor::checked_byte_len(x.dtype(), &out, CENTER_CROP_PAD_MAX_BYTES).map_err(|e| kernel_error(format!("CenterCropPad output {out:?}: {e}")))?;
+        check_output_size("CenterCropPad output", x.dtype(), &out)?;
         let xs = strides(s);
         let mut src: Vec<Option<usize>> = vec![Some(0)];
         for k in 0..r {
@@ -975,7 +972,7 @@ fn constant_of_shape(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     };
     kernel(move |ins| {
         let shape: Vec<usize> = ints(input(ins, 0)?, "shape")?.iter().map(|&d| usize::try_from(d).map_err(|_| kernel_error(format!("negative dimension {d}")))).collect::<RuntimeResult<_>>()?;
-        Tensor::checked_byte_len(value.dtype(), &shape, 8 << 30).map_err(err)?;
+        check_output_size("ConstantOfShape output", value.dtype(), &shape)?;
         let n: usize = shape.iter().product();
         Ok(vec![gather_elements(&value.reshaped(&[1]).map_err(err)?, &shape, std::iter::repeat_n(0, n))?])
     })

@@ -8,7 +8,7 @@ use qforge_ir::{DType, Tensor};
 
 use super::elementwise::from_f32;
 use super::shape::cast_tensor;
-use super::util::{axis, input, ints, kernel, opt_input, par_chunks_mut, tensor};
+use super::util::{axis, check_output_size, input, ints, kernel, opt_input, par_chunks_mut, tensor};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers DFT, STFT, the window functions and MelWeightMatrix.
@@ -21,16 +21,9 @@ pub fn register(r: &mut Registry) {
     r.add("", "MelWeightMatrix", 17, LATEST, mel_weight_matrix);
 }
 
-/// Largest output, in bytes, these kernels allocate.
-const MAX_OUTPUT_BYTES: u64 = 8 << 30;
-
 /// Longest transform the kernels compute (Bluestein's method works on up to four times as
 /// many points).
 const MAX_DFT_LENGTH: usize = 1 << 24;
-
-fn check_output_size(dtype: DType, shape: &[usize]) -> RuntimeResult<()> {
-    Tensor::checked_byte_len(dtype, shape, MAX_OUTPUT_BYTES).map(|_| ()).map_err(|e| kernel_error(e.to_string()))
-}
 
 /// A complex number in f64.
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
@@ -262,7 +255,7 @@ fn dft(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let mut out_shape = s.to_vec();
         out_shape[ax] = bins;
         out_shape[r - 1] = if irfft { 1 } else { 2 };
-        check_output_size(x.dtype(), &out_shape)?;
+        check_output_size("DFT output", x.dtype(), &out_shape)?;
         let v = float_values(x, "input")?;
         let out = transform_axis(&v, s, ax, n, &out_shape, params);
         Ok(vec![float_tensor(x.dtype(), &out_shape, out)?])
@@ -357,7 +350,7 @@ fn stft(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let frames = (length - n) / step as usize + 1;
         let bins = if onesided { n / 2 + 1 } else { n };
         let out_shape = [batch, frames, bins, 2];
-        check_output_size(x.dtype(), &out_shape)?;
+        check_output_size("STFT output", x.dtype(), &out_shape)?;
         let v = float_values(x, "signal")?;
         let mut out = vec![0f64; batch * frames * bins * 2];
         let plan = FftPlan::new(n);
@@ -412,7 +405,7 @@ fn window(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     kernel(move |ins| {
         let size = scalar_int(input(ins, 0)?, "size")?;
         let size = usize::try_from(size).map_err(|_| kernel_error(format!("size must not be negative, got {size}")))?;
-        check_output_size(dtype, &[size])?;
+        check_output_size("window", dtype, &[size])?;
         let period = if periodic { size } else { size.saturating_sub(1) };
         let v: Vec<f64> = if period == 0 {
             vec![1.0; size]
@@ -447,7 +440,7 @@ fn mel_weight_matrix(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             return Err(kernel_error(format!("need 0 <= lower_edge_hertz <= upper_edge_hertz, got {lower} and {upper}")));
         }
         let (mels, spectrum) = (mel_bins as usize, (dft_length / 2 + 1) as usize);
-        check_output_size(dtype, &[spectrum, mels])?;
+        check_output_size("MelWeightMatrix output", dtype, &[spectrum, mels])?;
         let mel = |f: f64| 2595.0 * (f / 700.0).ln_1p() / std::f64::consts::LN_10;
         let (low, high) = (mel(lower), mel(upper));
         let step = (high - low) / (mels + 2) as f64;

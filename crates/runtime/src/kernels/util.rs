@@ -117,6 +117,15 @@ pub fn single_int(t: &Tensor, what: &str) -> RuntimeResult<i64> {
     }
 }
 
+/// The most bytes one tensor that a kernel allocates (output or intermediate) may take.
+pub(crate) const MAX_KERNEL_BYTES: u64 = 8 << 30;
+
+/// Checks that a tensor of `dtype` elements and `shape`, which a kernel is about to allocate,
+/// stays within [`MAX_KERNEL_BYTES`]; the error names it `what`.
+pub(crate) fn check_output_size(what: &str, dtype: DType, shape: &[usize]) -> RuntimeResult<()> {
+    Tensor::checked_byte_len(dtype, shape, MAX_KERNEL_BYTES).map(|_| ()).map_err(|e| kernel_error(format!("{what} {shape:?} is too large: {e}")))
+}
+
 /// `axis` in `[-rank, rank)` as an index.
 pub fn axis(axis: i64, rank: usize) -> RuntimeResult<usize> {
     let r = rank as i64;
