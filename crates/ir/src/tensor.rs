@@ -363,6 +363,7 @@ impl Tensor {
             U32 => self.as_slice::<u32>()?.iter().map(|&v| v as i64).collect(),
             U64 => self.as_slice::<u64>()?.iter().map(|&v| v as i64).collect(),
             Bool => self.bools()?.into_iter().map(|b| b as i64).collect(),
+            I4 | U4 => self.nibbles()?.into_iter().map(i64::from).collect(),
             other => return Err(self.mismatch(other)),
         })
     }
@@ -416,5 +417,7 @@ mod tests {
         assert_eq!(t.nibbles().unwrap(), vec![-1, 7, -8]);
         let u = Tensor::from_u4(&[2], &[15, 1]).unwrap();
         assert_eq!(u.raw_bytes().unwrap(), &[0x1f]);
+        assert_eq!(t.to_i64_vec().unwrap(), vec![-1, 7, -8]);
+        assert_eq!(u.to_i64_vec().unwrap(), vec![15, 1]);
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use prost::bytes::Bytes;
 use prost::Message;
 use qforge_ir::{Attr, Attribute, Function, Graph, IrError, Model, Node, OpsetImport, Tensor, ValueKind};
 
@@ -42,16 +43,17 @@ pub fn load_with_options(path: &Path, opts: &LoadOptions) -> Result<Model, OnnxE
     // SAFETY: read-only map of a file we only read from; see TensorSource::external.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
-    decode(&map, path, base, opts)
+    // Tensor bytes decode as slices of the map, not copies.
+    decode(Bytes::from_owner(map), path, base, opts)
 }
 
 /// Loads a model from bytes. External data is resolved against `base_dir` (and refused
 /// without one).
 pub fn load_bytes(bytes: &[u8], base_dir: Option<&Path>) -> Result<Model, OnnxError> {
-    decode(bytes, Path::new("<bytes>"), base_dir, &LoadOptions::default())
+    decode(Bytes::copy_from_slice(bytes), Path::new("<bytes>"), base_dir, &LoadOptions::default())
 }
 
-fn decode(bytes: &[u8], path: &Path, base_dir: Option<&Path>, opts: &LoadOptions) -> Result<Model, OnnxError> {
+fn decode(bytes: Bytes, path: &Path, base_dir: Option<&Path>, opts: &LoadOptions) -> Result<Model, OnnxError> {
     let mp = proto::ModelProto::decode(bytes).map_err(|e| OnnxError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
     if mp.graph.is_none() {
         return Err(OnnxError::Decode { path: path.to_path_buf(), reason: "it has no graph".into() });

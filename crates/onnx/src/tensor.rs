@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
+use prost::bytes::Bytes;
 use qforge_ir::{DType, Tensor};
 
 use crate::proto::{self, tensor_proto::DataLocation};
@@ -162,13 +163,23 @@ pub fn tensor_from_proto_bytes(bytes: &[u8]) -> Result<(String, Tensor), OnnxErr
     tensor_from_proto(&tp)
 }
 
+/// A numeric tensor's element bytes, owned by a handle to the tensor, so `raw_data` can share
+/// them instead of copying.
+struct RawBytes(Tensor);
+
+impl AsRef<[u8]> for RawBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.raw_bytes().unwrap_or_default()
+    }
+}
+
 /// The `TensorProto` of a tensor: `raw_data` for numeric types, `string_data` for strings.
 pub fn tensor_to_proto(name: &str, t: &Tensor) -> proto::TensorProto {
     proto::TensorProto {
         dims: t.shape().iter().map(|&d| d as i64).collect(),
         data_type: Some(t.dtype().onnx_code()),
         name: (!name.is_empty()).then(|| name.to_string()),
-        raw_data: t.raw_bytes().map(|b| b.to_vec()),
+        raw_data: t.raw_bytes().is_some().then(|| Bytes::from_owner(RawBytes(t.clone()))),
         string_data: t.strings().map(|s| s.to_vec()).unwrap_or_default(),
         ..Default::default()
     }
@@ -198,7 +209,7 @@ mod tests {
         let tp = proto::TensorProto { dims: vec![3], data_type: Some(1), float_data: vec![1.0], ..Default::default() };
         let e = from_proto(&tp, &mut src()).unwrap_err().to_string();
         assert!(e.contains("float_data holds 1 values"), "{e}");
-        let tp = proto::TensorProto { dims: vec![1 << 40, 1 << 30], data_type: Some(1), raw_data: Some(vec![0; 4]), ..Default::default() };
+        let tp = proto::TensorProto { dims: vec![1 << 40, 1 << 30], data_type: Some(1), raw_data: Some(vec![0; 4].into()), ..Default::default() };
         let e = from_proto(&tp, &mut src()).unwrap_err().to_string();
         assert!(e.contains("exceeds the limit"), "{e}");
         let tp = proto::TensorProto { dims: vec![-1], data_type: Some(1), ..Default::default() };
@@ -211,7 +222,7 @@ mod tests {
     fn budget_limits_total_allocation() {
         let mut s = src();
         s.budget = 10;
-        let tp = proto::TensorProto { dims: vec![4], data_type: Some(1), raw_data: Some(vec![0; 16]), ..Default::default() };
+        let tp = proto::TensorProto { dims: vec![4], data_type: Some(1), raw_data: Some(vec![0; 16].into()), ..Default::default() };
         assert!(from_proto(&tp, &mut s).unwrap_err().to_string().contains("budget"));
     }
 }

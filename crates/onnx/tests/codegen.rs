@@ -10,7 +10,9 @@ fn generated_bindings_are_current() {
     let fds = protox::compile(["onnx-ml.proto"], [root.join("proto")]).expect("the vendored proto compiles");
     let out = std::env::temp_dir().join(format!("qforge-codegen-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
-    prost_build::Config::new().out_dir(&out).compile_fds(fds).expect("prost-build runs");
+    // Tensor bytes decode as slices of the model file's buffer and encode from tensors' own
+    // storage, without a copy.
+    prost_build::Config::new().out_dir(&out).bytes([".onnx.TensorProto.raw_data"]).compile_fds(fds).expect("prost-build runs");
     let fresh = std::fs::read_to_string(out.join("onnx.rs")).unwrap();
     std::fs::remove_dir_all(&out).unwrap();
     let committed_path = root.join("src/generated/onnx.rs");

@@ -54,7 +54,7 @@ fn huge_declared_dims_are_refused_before_allocating() {
         name: Some("w".into()),
         dims: vec![1 << 40, 1 << 40],
         data_type: Some(1),
-        raw_data: Some(vec![0; 4]),
+        raw_data: Some(vec![0; 4].into()),
         ..Default::default()
     };
     let e = load_bytes(&model_with(t), None).unwrap_err().to_string();

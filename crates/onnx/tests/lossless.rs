@@ -37,7 +37,7 @@ fn attr(name: &str, t: T) -> proto::AttributeProto {
 }
 
 fn tensor(name: &str, dtype: i32, dims: &[i64], raw: &[u8]) -> proto::TensorProto {
-    proto::TensorProto { name: (!name.is_empty()).then(|| name.to_string()), data_type: Some(dtype), dims: dims.to_vec(), raw_data: Some(raw.to_vec()), ..Default::default() }
+    proto::TensorProto { name: (!name.is_empty()).then(|| name.to_string()), data_type: Some(dtype), dims: dims.to_vec(), raw_data: Some(raw.to_vec().into()), ..Default::default() }
 }
 
 fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<proto::AttributeProto>) -> proto::NodeProto {

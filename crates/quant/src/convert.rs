@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use qforge_ir::{Attr, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
+use qforge_ir::{Attr, DType, Elem, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
 use crate::pipeline::InputStats;
 use crate::weight_rounding::Grid;
@@ -46,7 +46,8 @@ pub fn group_qparams(g: &Group) -> Result<QParams, String> {
 /// A quantized constant: integer values with their qparams laid out for DequantizeLinear.
 #[derive(Debug, Clone)]
 struct QuantizedConst {
-    values: Vec<i64>,
+    /// The integers, as a tensor of `qtype` (4-bit types packed two to a byte).
+    values: Tensor,
     shape: Vec<usize>,
     params: Vec<QParams>,
     /// Shape of the scale tensor (`[]` per tensor, `[C]` per axis, blocked shape per block).
@@ -58,25 +59,101 @@ struct QuantizedConst {
     searched: Vec<f32>,
 }
 
-/// Index of the parameter of every element under a granularity, and the parameter shape.
-fn param_index(shape: &[usize], g: Granularity) -> Result<(Vec<usize>, Vec<usize>), String> {
-    let n: usize = shape.iter().product();
-    match g {
-        Granularity::PerTensor => Ok((vec![0; n], vec![])),
-        Granularity::PerAxis { axis } => {
-            let l = AxisLayout::new(shape, Some(axis)).ok_or(format!("axis {axis} is out of range for shape {shape:?}"))?;
-            Ok(((0..n).map(|i| (i / l.inner) % l.channels).collect(), vec![l.channels]))
+/// Which qparams each element of a constant uses under a granularity. With the constant laid
+/// out as `[outer, channels, inner]` around the axis, the element at `(o, c, k)` uses
+/// parameter `0` per tensor, `c` per axis, and `(o · blocks + c / block_size) · inner + k` per
+/// block.
+#[derive(Debug, Clone, Copy)]
+struct ParamLayout {
+    /// `None` per tensor and per axis; `Some((block_size, blocks))` per block.
+    block: Option<(usize, usize)>,
+    per_axis: bool,
+    channels: usize,
+    inner: usize,
+}
+
+impl ParamLayout {
+    /// The layout of a constant of `shape` under `g`, with the shape of its parameter tensor.
+    fn new(shape: &[usize], g: Granularity) -> Result<(ParamLayout, Vec<usize>), String> {
+        let along = |axis: usize| AxisLayout::new(shape, Some(axis)).ok_or(format!("axis {axis} is out of range for shape {shape:?}"));
+        match g {
+            Granularity::PerTensor => Ok((ParamLayout { block: None, per_axis: false, channels: 1, inner: shape.iter().product::<usize>().max(1) }, vec![])),
+            Granularity::PerAxis { axis } => {
+                let l = along(axis)?;
+                Ok((ParamLayout { block: None, per_axis: true, channels: l.channels, inner: l.inner }, vec![l.channels]))
+            }
+            Granularity::PerBlock { axis, block_size } => {
+                let l = along(axis)?;
+                let size = block_size.max(1);
+                let blocks = l.channels.div_ceil(size);
+                let mut ps = shape.to_vec();
+                ps[axis] = blocks;
+                Ok((ParamLayout { block: Some((size, blocks)), per_axis: false, channels: l.channels, inner: l.inner }, ps))
+            }
         }
-        Granularity::PerBlock { axis, block_size } => {
-            let l = AxisLayout::new(shape, Some(axis)).ok_or(format!("axis {axis} is out of range for shape {shape:?}"))?;
-            let blocks = l.channels.div_ceil(block_size.max(1));
-            let mut ps = shape.to_vec();
-            ps[axis] = blocks;
-            Ok(((0..n).map(|i| {
-                let (o, c, k) = (i / (l.channels * l.inner), (i / l.inner) % l.channels, i % l.inner);
-                (o * blocks + c / block_size) * l.inner + k
-            }).collect(), ps))
+    }
+
+    /// The parameter of element `i`.
+    fn param(&self, i: usize) -> usize {
+        let (inner, channels) = (self.inner.max(1), self.channels.max(1));
+        let (o, c, k) = (i / (channels * inner), (i / inner) % channels, i % inner);
+        self.at(o, c, k)
+    }
+
+    fn at(&self, o: usize, c: usize, k: usize) -> usize {
+        match self.block {
+            Some((size, blocks)) => (o * blocks + c / size) * self.inner + k,
+            None if self.per_axis => c,
+            None => 0,
         }
+    }
+
+    /// The smallest and largest finite element of each of the `count` parameters (`+inf` and
+    /// `-inf` for a parameter with none). Chunks run in parallel when each can keep its own
+    /// extremes of every parameter cheaply; min and max do not depend on the order.
+    fn extremes(self, data: &[f32], count: usize) -> (Vec<f32>, Vec<f32>) {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 16;
+        let scan = |start: usize, xs: &[f32]| {
+            let (mut lo, mut hi) = (vec![f32::INFINITY; count], vec![f32::NEG_INFINITY; count]);
+            for (&x, p) in xs.iter().zip(self.params_from(start)) {
+                if x.is_finite() {
+                    lo[p] = lo[p].min(x);
+                    hi[p] = hi[p].max(x);
+                }
+            }
+            (lo, hi)
+        };
+        if count > CHUNK / 16 || data.len() <= CHUNK {
+            return scan(0, data);
+        }
+        data.par_chunks(CHUNK).enumerate().map(|(i, xs)| scan(i * CHUNK, xs)).reduce_with(|(mut lo, mut hi), (l, h)| {
+            for p in 0..count {
+                lo[p] = lo[p].min(l[p]);
+                hi[p] = hi[p].max(h[p]);
+            }
+            (lo, hi)
+        }).unwrap_or_else(|| scan(0, data))
+    }
+
+    /// The parameters of the elements from element `start` on, in element order (endless:
+    /// zip it with the elements).
+    fn params_from(self, start: usize) -> impl Iterator<Item = usize> {
+        let (inner, channels) = (self.inner.max(1), self.channels.max(1));
+        let (mut o, mut c, mut k) = (start / (channels * inner), (start / inner) % channels, start % inner);
+        std::iter::from_fn(move || {
+            let p = self.at(o, c, k);
+            k += 1;
+            if k == inner {
+                k = 0;
+                c += 1;
+                if c == channels {
+                    c = 0;
+                    o += 1;
+                }
+            }
+            Some(p)
+        })
     }
 }
 
@@ -88,10 +165,10 @@ const WEIGHT_SEARCH_STEPS: usize = 21;
 /// values (the largest such scale on ties); returns the factor chosen for each slice. Slices
 /// are searched in parallel; each slice's sum runs in element order, so the result does not
 /// depend on the thread count.
-fn search_weight_scales(data: &[f32], index: &[usize], params: &mut [QParams], qmin: i64, qmax: i64) -> Vec<f32> {
+fn search_weight_scales(data: &[f32], layout: ParamLayout, params: &mut [QParams], qmin: i64, qmax: i64) -> Vec<f32> {
     use rayon::prelude::*;
     let mut slices: Vec<Vec<f32>> = vec![vec![]; params.len()];
-    for (&x, &p) in data.iter().zip(index) {
+    for (&x, p) in data.iter().zip(layout.params_from(0)) {
         if x.is_finite() {
             slices[p].push(x);
         }
@@ -118,16 +195,9 @@ fn search_weight_scales(data: &[f32], index: &[usize], params: &mut [QParams], q
 /// given scales (same layout) when `scales` is set. With `search` (and no `scales`), a
 /// symmetric scheme's scales come from [`search_weight_scales`].
 fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales: Option<&[f32]>, search: bool) -> Result<QuantizedConst, String> {
-    let (index, param_shape) = param_index(shape, spec.granularity)?;
+    let (layout, param_shape) = ParamLayout::new(shape, spec.granularity)?;
     let count: usize = param_shape.iter().product::<usize>().max(1);
-    let mut lo = vec![f32::INFINITY; count];
-    let mut hi = vec![f32::NEG_INFINITY; count];
-    for (&x, &p) in data.iter().zip(&index) {
-        if x.is_finite() {
-            lo[p] = lo[p].min(x);
-            hi[p] = hi[p].max(x);
-        }
-    }
+    let (lo, hi) = layout.extremes(data, count);
     let mut params: Vec<QParams> = (0..count).map(|p| if lo[p] <= hi[p] { spec.scheme.qparams(lo[p], hi[p]) } else { spec.scheme.qparams(0.0, 0.0) }).collect();
     if let Some(s) = scales {
         for (p, &s) in params.iter_mut().zip(s) {
@@ -135,8 +205,17 @@ fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales
         }
     }
     let (qmin, qmax) = spec.scheme.qrange();
-    let searched = if search && scales.is_none() && spec.scheme.symmetric { search_weight_scales(data, &index, &mut params, qmin, qmax) } else { vec![] };
-    let values = data.iter().zip(&index).map(|(&x, &p)| quantize(x, params[p], qmin, qmax)).collect();
+    let searched = if search && scales.is_none() && spec.scheme.symmetric { search_weight_scales(data, layout, &mut params, qmin, qmax) } else { vec![] };
+    let w = Quantized { data, layout, params: &params, range: (qmin, qmax) };
+    let values = match spec.scheme.qtype {
+        QType::U8 => Tensor::from_vec(shape, w.into_vec::<u8>()),
+        QType::S8 => Tensor::from_vec(shape, w.into_vec::<i8>()),
+        QType::U16 => Tensor::from_vec(shape, w.into_vec::<u16>()),
+        QType::S16 => Tensor::from_vec(shape, w.into_vec::<i16>()),
+        QType::S32 => Tensor::from_vec(shape, w.into_vec::<i32>()),
+        QType::U4 => Tensor::from_u4(shape, &w.into_vec::<u8>()),
+        QType::S4 => Tensor::from_i4(shape, &w.into_vec::<i8>()),
+    }.map_err(|e| e.to_string())?;
     let (axis, block_size) = match spec.granularity {
         Granularity::PerTensor => (None, None),
         Granularity::PerAxis { axis } => (Some(axis), None),
@@ -145,11 +224,37 @@ fn quantize_const(data: &[f32], shape: &[usize], spec: &QuantizationSpec, scales
     Ok(QuantizedConst { values, shape: shape.to_vec(), params, param_shape, qtype: spec.scheme.qtype, axis, block_size, searched })
 }
 
+/// Float constant data quantized element by element under its parameter layout.
+struct Quantized<'a> {
+    data: &'a [f32],
+    layout: ParamLayout,
+    params: &'a [QParams],
+    range: (i64, i64),
+}
+
+impl Quantized<'_> {
+    /// The integers, in an element type that holds `range`. Chunks run in parallel; each
+    /// starts its parameter walk at its first element.
+    fn into_vec<T: Elem + TryFrom<i64>>(self) -> Vec<T> {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 16;
+        let Quantized { data, layout, params, range: (qmin, qmax) } = self;
+        let narrow = |q: i64| T::try_from(q).ok().expect("quantized values lie within the type's range");
+        let mut out = vec![T::zeroed(); data.len()];
+        out.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).enumerate().for_each(|(i, (out, xs))| {
+            for ((q, &x), p) in out.iter_mut().zip(xs).zip(layout.params_from(i * CHUNK)) {
+                *q = narrow(quantize(x, params[p], qmin, qmax));
+            }
+        });
+        out
+    }
+}
+
 /// The real values a quantized constant stands for, `scale · (q − zero_point)`, in its layout.
 fn dequantize(c: &QuantizedConst) -> Result<Vec<f32>, String> {
-    let granularity = granularity_of(c);
-    let (index, _) = param_index(&c.shape, granularity)?;
-    Ok(c.values.iter().zip(&index).map(|(&q, &p)| c.params[p].scale * (q - c.params[p].zero_point) as f32).collect())
+    let (layout, _) = ParamLayout::new(&c.shape, granularity_of(c))?;
+    let values = c.values.to_i64_vec().map_err(|e| e.to_string())?;
+    Ok(values.iter().zip(layout.params_from(0)).map(|(&q, p)| c.params[p].scale * (q - c.params[p].zero_point) as f32).collect())
 }
 
 /// Integers as a tensor of a quantized type.
@@ -281,7 +386,7 @@ impl Emitter<'_> {
     fn constant(&mut self, v: ValueId, c: &QuantizedConst) -> ValueId {
         let base = format!("{}{}", self.prefix, self.g.value_name(v));
         let qn = self.patch.unique_name(self.g, &format!("{base}_quantized"));
-        let q = self.patch.new_initializer(qn, int_tensor(c.qtype, &c.shape, &c.values));
+        let q = self.patch.new_initializer(qn, c.values.clone());
         let sn = self.patch.unique_name(self.g, &format!("{base}_scale"));
         let zn = self.patch.unique_name(self.g, &format!("{base}_zero_point"));
         let scales: Vec<f32> = c.params.iter().map(|p| p.scale).collect();
@@ -401,10 +506,15 @@ fn narrow_channels(g: &Graph, n: NodeId, data: &[f32], shape: &[usize], spec: &Q
     (narrow > 0).then(|| (narrow, extremes.len(), levels.iter().copied().min().unwrap_or(1)))
 }
 
-/// The float data of a constant value.
-fn const_data(g: &Graph, v: ValueId) -> Option<(Vec<f32>, Vec<usize>)> {
+/// A float32 constant value: its tensor, sharing the initializer's data.
+fn const_data(g: &Graph, v: ValueId) -> Option<Tensor> {
     let t = g.value(v).ok()?.initializer()?;
-    Some((t.as_slice::<f32>().ok()?.to_vec(), t.shape().to_vec()))
+    (t.dtype() == DType::F32).then(|| t.clone())
+}
+
+/// The elements of a tensor from [`const_data`].
+fn floats(t: &Tensor) -> &[f32] {
+    t.as_slice().expect("const_data returns float32 tensors")
 }
 
 /// How convert writes a graph.
@@ -503,11 +613,12 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
             match s {
                 Spec::Quantize(spec) => {
-                    let Some((data, shape)) = const_data(g, v) else { continue };
-                    let mut c = quantize_const(&data, &shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
+                    let Some(t) = const_data(g, v) else { continue };
+                    let (data, shape) = (floats(&t), t.shape());
+                    let mut c = quantize_const(data, shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
                     if i == 1 {
-                        round_weight(g, gi, n, stats, &data, &mut c, spec, &mut em.log)?;
-                        if let Some(narrow) = narrow_channels(g, n, &data, &shape, spec, &c) {
+                        round_weight(g, gi, n, stats, data, &mut c, spec, &mut em.log)?;
+                        if let Some(narrow) = narrow_channels(g, n, data, shape, spec, &c) {
                             em.log.narrow_weight_channels.push((g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.op_type.clone()).unwrap_or_default(), g.value_name(v).to_string(), narrow.0, narrow.1, narrow.2));
                         }
                     }
@@ -528,7 +639,8 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             continue;
         }
         let Some(bv) = g.node(n).ok().and_then(|nd| nd.input(i)) else { continue };
-        let Some((float_bias, bshape)) = const_data(g, bv) else { continue };
+        let Some(bias_tensor) = const_data(g, bv) else { continue };
+        let (float_bias, bshape) = (floats(&bias_tensor), bias_tensor.shape().to_vec());
         let per_channel = w.params.len() > 1;
         if per_channel && w.params.len() != float_bias.len() {
             continue;
@@ -537,13 +649,13 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         let node = g.node(n).map_err(|e| e.to_string())?;
         let shift = |w: &QuantizedConst| -> Option<Result<Vec<f64>, String>> {
             let means = means?;
-            let (data, shape) = const_data(g, wv)?;
-            Some(dequantize(w).and_then(|w_hat| means.shift(gi, n, node, &data, &w_hat, &shape)))
+            let t = const_data(g, wv)?;
+            Some(dequantize(w).and_then(|w_hat| means.shift(gi, n, node, floats(&t), &w_hat, t.shape())))
         };
         let shifted = |s: &Option<Result<Vec<f64>, String>>| -> Vec<f32> {
             match s {
                 Some(Ok(s)) => float_bias.iter().zip(s).map(|(&b, &d)| (b as f64 + d) as f32).collect(),
-                _ => float_bias.clone(),
+                _ => float_bias.to_vec(),
             }
         };
         let mut correction = shift(w);
@@ -559,15 +671,16 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
         }
         if changed > 0 {
-            let (data, shape) = const_data(g, wv).expect("weights are float constants");
+            let t = const_data(g, wv).expect("weights are float constants");
+            let (data, shape) = (floats(&t), t.shape());
             let spec = match a.spec(Edge::Input { node: wn, index: wi }) {
                 Some(Spec::Quantize(s)) => s.clone(),
                 _ => continue,
             };
-            *w = quantize_const(&data, &shape, &spec, Some(&scales), false)?;
+            *w = quantize_const(data, shape, &spec, Some(&scales), false)?;
             if wi == 1 {
                 em.log.gptq_rounded.retain(|r| r.0 != g.node(wn).map(|x| x.display_name(wn)).unwrap_or_default());
-                round_weight(g, gi, wn, stats, &data, w, &spec, &mut em.log)?;
+                round_weight(g, gi, wn, stats, data, w, &spec, &mut em.log)?;
             }
             em.log.bias_adjusted.push((g.value_name(wv), changed));
             if correction.is_some() {
@@ -586,12 +699,12 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             quantize(b, p, i32::MIN as i64, i32::MAX as i64)
         }).collect();
         let param_shape = if per_channel { vec![params.len()] } else { vec![] };
-        bias_consts.push(((n, i), QuantizedConst { values, shape: bshape, params, param_shape, qtype: QType::S32, axis: per_channel.then_some(0), block_size: None, searched: vec![] }));
+        bias_consts.push(((n, i), QuantizedConst { values: int_tensor(QType::S32, &bshape, &values), shape: bshape, params, param_shape, qtype: QType::S32, axis: per_channel.then_some(0), block_size: None, searched: vec![] }));
     }
     let mut emitted: BTreeMap<(ValueId, String), ValueId> = BTreeMap::new();
     for ((n, i), c) in weights.into_iter().chain(bias_consts) {
         let v = g.node(n).ok().and_then(|nd| nd.input(i)).expect("annotated input");
-        let values = if c.qtype == QType::S32 { format!("{:?}", c.values) } else { String::new() };
+        let values = if c.qtype == QType::S32 { format!("{:?}", c.values.raw_bytes()) } else { String::new() };
         let key = (v, format!("{:?}{:?}{:?}{values}", c.qtype, c.param_shape, c.params.iter().map(|p| (p.scale.to_bits(), p.zero_point)).collect::<Vec<_>>()));
         let d = match emitted.get(&key) {
             Some(&d) => d,
@@ -635,12 +748,12 @@ fn round_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, data: &[f32
     if !grams.watches(gi, n) {
         return Ok(());
     }
-    let (index, _) = param_index(&c.shape, granularity_of(c))?;
+    let (layout, _) = ParamLayout::new(&c.shape, granularity_of(c))?;
     let params = &c.params;
-    let grid = Grid { param: Box::new(|e: usize| (params[index[e]].scale, params[index[e]].zero_point)), range: spec.scheme.qrange() };
+    let grid = Grid { param: Box::new(move |e: usize| (params[layout.param(e)].scale, params[layout.param(e)].zero_point)), range: spec.scheme.qrange() };
     match grams.round(gi, n, node, data, &c.shape, &grid) {
         Ok(r) => {
-            c.values = r.values;
+            c.values = int_tensor(c.qtype, &c.shape, &r.values);
             log.gptq_rounded.push((node.display_name(n), node.op_type.clone(), r.nearest_error, r.rounded_error));
         }
         Err(why) => log.gptq_skipped.push((node.display_name(n), node.op_type.clone(), why)),
@@ -663,12 +776,47 @@ mod tests {
 
     fn sse(data: &[f32], c: &QuantizedConst) -> Vec<f64> {
         let w = dequantize(c).unwrap();
-        let (index, _) = param_index(&c.shape, granularity_of(c)).unwrap();
+        let (layout, _) = ParamLayout::new(&c.shape, granularity_of(c)).unwrap();
         let mut e = vec![0f64; c.params.len()];
-        for ((&x, &y), &p) in data.iter().zip(&w).zip(&index) {
+        for ((&x, &y), p) in data.iter().zip(&w).zip(layout.params_from(0)) {
             e[p] += ((x - y) as f64).powi(2);
         }
         e
+    }
+
+    #[test]
+    fn parameter_walks_from_any_element_follow_the_layout() {
+        let shape = [2, 5, 3];
+        // Each element's parameter from its coordinates, by the DequantizeLinear definitions.
+        let reference = |g: Granularity| -> Vec<usize> {
+            let mut v = vec![];
+            for o in 0..2 {
+                for c in 0..5 {
+                    for k in 0..3 {
+                        v.push(match g {
+                            Granularity::PerTensor => 0,
+                            Granularity::PerAxis { axis: 0 } => o,
+                            Granularity::PerAxis { axis: 1 } => c,
+                            Granularity::PerAxis { .. } => k,
+                            // Blocks of 2 along axis 1: [2, 3, 3] parameters.
+                            Granularity::PerBlock { .. } => (o * 3 + c / 2) * 3 + k,
+                        });
+                    }
+                }
+            }
+            v
+        };
+        for g in [Granularity::PerTensor, Granularity::PerAxis { axis: 0 }, Granularity::PerAxis { axis: 1 }, Granularity::PerAxis { axis: 2 }, Granularity::PerBlock { axis: 1, block_size: 2 }] {
+            let want = reference(g);
+            let (layout, _) = ParamLayout::new(&shape, g).unwrap();
+            for start in 0..want.len() {
+                let walked: Vec<usize> = layout.params_from(start).take(want.len() - start).collect();
+                assert_eq!(walked, want[start..], "{g:?} from {start}");
+                assert_eq!(layout.param(start), want[start], "{g:?} at {start}");
+            }
+        }
+        assert_eq!(ParamLayout::new(&shape, Granularity::PerBlock { axis: 1, block_size: 2 }).unwrap().1, vec![2, 3, 3]);
+        assert!(ParamLayout::new(&shape, Granularity::PerAxis { axis: 3 }).is_err());
     }
 
     #[test]
@@ -699,7 +847,7 @@ mod tests {
         let c = quantize_const(&data, &[3, 4], &spec(Granularity::PerAxis { axis: 0 }), None, false).unwrap();
         assert_eq!(c.param_shape, vec![3]);
         assert_eq!(c.params[0].scale, 6.0 / 127.0);
-        assert_eq!(c.values[0], -127);
+        assert_eq!(c.values.to_i64_vec().unwrap()[0], -127);
         let b = quantize_const(&data, &[3, 4], &spec(Granularity::PerBlock { axis: 1, block_size: 3 }), None, false).unwrap();
         assert_eq!(b.param_shape, vec![3, 2], "4 columns in blocks of 3 give 2 blocks");
         // Row 0, block 1 holds only column 3 (value -3).

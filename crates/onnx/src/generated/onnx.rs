@@ -692,8 +692,8 @@ pub struct TensorProto {
     /// that in some cases (e.g. int data), protobuf does a better packing via
     /// variable length storage, and may lead to smaller binary footprint.
     /// When this field is present, the data_type field MUST NOT be STRING or UNDEFINED
-    #[prost(bytes = "vec", optional, tag = "9")]
-    pub raw_data: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", optional, tag = "9")]
+    pub raw_data: ::core::option::Option<::prost::bytes::Bytes>,
     /// Data can be stored inside the protobuf file using type-specific fields or raw_data.
     /// Alternatively, raw bytes data can be stored in an external file, using the external_data field.
     /// external_data stores key-value pairs describing data location. Recognized keys are:
