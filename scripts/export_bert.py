@@ -3,8 +3,12 @@ intermediate 512, vocab 1024, 128 positions, token types, attention mask, GELU v
 LayerNorm, mean-pooled sentence embedding), seeded random weights, exported by PyTorch at
 opset 17, plus sample inputs in models/bert_tiny_inputs.npz.
 
+With `--base`, exports BERT-base's dimensions instead (12 layers, hidden 768, 12 heads,
+intermediate 3072, vocab 30522, 512 positions; 435 MB) as bert_base.onnx, with 32 sample
+sentences of 128 tokens in bert_base_inputs.npz: the transformer of bench/quantize_time.py.
+
 Needs torch (not part of the test venv; the bench venv has it):
-    /path/to/venv-with-torch/bin/python scripts/export_bert.py models
+    /path/to/venv-with-torch/bin/python scripts/export_bert.py models [--base]
 """
 import math
 import os
@@ -15,7 +19,9 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
-VOCAB, HIDDEN, HEADS, INTER, LAYERS, POS = 1024, 128, 4, 512, 2, 128
+BASE = "--base" in sys.argv[2:]
+NAME = "bert_base" if BASE else "bert_tiny"
+VOCAB, HIDDEN, HEADS, INTER, LAYERS, POS = (30522, 768, 12, 3072, 12, 512) if BASE else (1024, 128, 4, 512, 2, 128)
 
 
 class Layer(nn.Module):
@@ -64,17 +70,17 @@ model = Bert().eval()
 for p in model.parameters():
     nn.init.normal_(p, std=0.05) if p.dim() > 1 else nn.init.normal_(p, std=0.02)
 rng = np.random.default_rng(0)
-batch, seq = 2, 16
+batch, seq = (32, 128) if BASE else (2, 16)
 ids = torch.tensor(rng.integers(1, VOCAB, (batch, seq)), dtype=torch.int64)
 mask = torch.ones(batch, seq, dtype=torch.int64)
-mask[1, 12:] = 0
+mask[1::2, seq * 3 // 4:] = 0
 types = torch.zeros(batch, seq, dtype=torch.int64)
-types[:, 8:] = 1
-path = os.path.join(out, "bert_tiny.onnx")
+types[:, seq // 2:] = 1
+path = os.path.join(out, f"{NAME}.onnx")
 torch.onnx.export(model, (ids, mask, types), path, opset_version=17, dynamo=False,
                   input_names=["input_ids", "attention_mask", "token_type_ids"],
                   output_names=["last_hidden_state", "sentence_embedding"],
                   dynamic_axes={n: {0: "batch", 1: "sequence"} for n in ["input_ids", "attention_mask", "token_type_ids"]}
                   | {"last_hidden_state": {0: "batch", 1: "sequence"}, "sentence_embedding": {0: "batch"}})
-np.savez(os.path.join(out, "bert_tiny_inputs.npz"), input_ids=ids.numpy(), attention_mask=mask.numpy(), token_type_ids=types.numpy())
+np.savez(os.path.join(out, f"{NAME}_inputs.npz"), input_ids=ids.numpy(), attention_mask=mask.numpy(), token_type_ids=types.numpy())
 print("wrote", path, os.path.getsize(path), "bytes")

@@ -54,9 +54,61 @@ pub fn save_with_options(model: &Model, path: &Path, opts: &SaveOptions) -> Resu
         if let Some(g) = mp.graph.as_mut() {
             externalize(g, &file_name, opts.external_min_tensor_bytes, &mut data);
         }
-        write_atomic(&path.with_file_name(&file_name), &data)?;
+        write_atomic(&path.with_file_name(&file_name), |f| f.write_all(&data))?;
     }
-    write_atomic(path, &mp.encode_to_vec())
+    write_atomic(path, |f| {
+        let mut sink = FileSink { file: f, buf: Vec::with_capacity(SINK_BYTES), error: None };
+        mp.encode(&mut sink).map_err(std::io::Error::other)?;
+        sink.finish()
+    })
+}
+
+/// Bytes [`FileSink`] gathers before each write.
+const SINK_BYTES: usize = 1 << 20;
+
+/// A protobuf encoding target that writes to a file in [`SINK_BYTES`] pieces, so a model is
+/// never serialized whole in memory. The first write error is kept, later bytes are dropped,
+/// and [`FileSink::finish`] returns it.
+struct FileSink<'a> {
+    file: &'a mut std::fs::File,
+    buf: Vec<u8>,
+    error: Option<std::io::Error>,
+}
+
+impl FileSink<'_> {
+    fn flush(&mut self) {
+        if self.error.is_none() {
+            self.error = self.file.write_all(&self.buf).err();
+        }
+        self.buf.clear();
+    }
+
+    fn finish(mut self) -> std::io::Result<()> {
+        self.flush();
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+// SAFETY: `chunk_mut` hands out the buffer's spare capacity, never empty (a full buffer is
+// flushed first), and `advance_mut` only counts bytes the caller initialized in it.
+unsafe impl prost::bytes::BufMut for FileSink<'_> {
+    fn remaining_mut(&self) -> usize {
+        usize::MAX
+    }
+
+    unsafe fn advance_mut(&mut self, cnt: usize) {
+        let len = self.buf.len() + cnt;
+        assert!(len <= self.buf.capacity(), "advanced past the chunk");
+        // SAFETY: the caller initialized these `cnt` bytes of the spare capacity.
+        unsafe { self.buf.set_len(len) };
+    }
+
+    fn chunk_mut(&mut self) -> &mut prost::bytes::buf::UninitSlice {
+        if self.buf.len() == self.buf.capacity() {
+            self.flush();
+        }
+        prost::bytes::buf::UninitSlice::uninit(self.buf.spare_capacity_mut())
+    }
 }
 
 /// Moves large `raw_data` of a graph's initializers (subgraphs included) into `data`, 4 KiB
@@ -84,7 +136,9 @@ fn externalize(g: &mut proto::GraphProto, location: &str, min_bytes: usize, data
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OnnxError> {
+/// Creates `path` atomically: `write` fills a temporary file beside it, which is synced and
+/// renamed over `path`; on any error the temporary file is removed and `path` is untouched.
+fn write_atomic(path: &Path, write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), OnnxError> {
     let io = |p: &Path, source| OnnxError::Io { path: p.to_path_buf(), source };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -94,7 +148,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OnnxError> {
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        write(&mut f)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -158,3 +158,17 @@ fn large_models_are_saved_with_external_data() {
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains(".tmp")).collect();
     assert!(leftovers.is_empty(), "temporary files left behind: {leftovers:?}");
 }
+
+#[test]
+fn saved_files_hold_exactly_the_serialized_model() {
+    // Models of several MiB are written in many pieces; the file must equal one encoding.
+    let tmp = TempDir::new("streamsave");
+    for m in real_models().into_iter().filter(|m| m.name == "orientation" || m.name == "ocr_det") {
+        let model = load(&m.path).unwrap();
+        let out = tmp.path().join(format!("{}.onnx", m.name));
+        qforge_onnx::save(&model, &out).unwrap();
+        let written = std::fs::read(&out).unwrap();
+        assert!(written.len() > 3 << 20, "{}: {} bytes is too small to need several pieces", m.name, written.len());
+        assert!(written == qforge_onnx::to_bytes(&model).unwrap(), "{}: the saved file differs from the encoded model", m.name);
+    }
+}
