@@ -108,9 +108,21 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + super::math::exp(-x))
 }
 
+/// GELU with the exact error function: `0.5 x (1 + erf(x / sqrt 2))`.
+#[inline(always)]
+pub(super) fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + super::math::erf(x / std::f32::consts::SQRT_2))
+}
+
+/// GELU's tanh approximation: `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+#[inline(always)]
+pub(super) fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + super::math::tanh((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)))
+}
+
 /// A unary float kernel: `f` is monomorphized into the loop (so it vectorizes) and applied
 /// in parallel chunks for large tensors.
-fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult<Box<dyn Kernel>> {
+pub(super) fn unary(f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static) -> RuntimeResult<Box<dyn Kernel>> {
     kernel(move |ins| {
         const CHUNK: usize = 1 << 14;
         let x = input(ins, 0)?;
@@ -181,10 +193,8 @@ fn unary_float(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             let a = alpha(1.0);
             unary(move |x: f32| if x > a { x } else { 0.0 })
         }
-        "Gelu" if info.attr_str("approximate", "none") == "tanh" => {
-            unary(|x: f32| 0.5 * x * (1.0 + super::math::tanh((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x))))
-        }
-        "Gelu" => unary(|x: f32| 0.5 * x * (1.0 + super::math::erf(x / std::f32::consts::SQRT_2))),
+        "Gelu" if info.attr_str("approximate", "none") == "tanh" => unary(gelu_tanh),
+        "Gelu" => unary(gelu_erf),
         "Mish" => unary(|x: f32| x * super::math::tanh(if x > 20.0 { x } else { x.exp().ln_1p() })),
         "Shrink" => {
             let (lambd, bias) = (info.attr_float("lambd", 0.5), info.attr_float("bias", 0.0));

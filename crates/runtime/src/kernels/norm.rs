@@ -10,7 +10,7 @@ use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 /// Registers the normalization operators.
 pub fn register(r: &mut Registry) {
     r.add("", "BatchNormalization", 1, LATEST, batch_norm);
-    r.add("", "LayerNormalization", 17, LATEST, layer_norm);
+    r.add("", "LayerNormalization", 1, LATEST, layer_norm);
     r.add("", "InstanceNormalization", 1, LATEST, instance_norm);
     r.add("", "GroupNormalization", 18, LATEST, group_norm);
     r.add("", "RMSNormalization", 23, LATEST, rms_norm);
@@ -47,6 +47,11 @@ fn batch_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+/// LayerNormalization: `(x - mean) / sqrt(var + epsilon) * scale + bias` over the dimensions
+/// from `axis` (default -1) on, with the mean and `1 / sqrt(var + epsilon)` of each row as
+/// the optional outputs (shaped like X with 1s from `axis` on). ONNX's op from opset 17, and
+/// before it ONNX Runtime's contrib op of the same name and contract in the default domain
+/// (which ONNX Runtime's transformer optimizer emits whatever the model's opset).
 fn layer_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let a = info.attr_int("axis", -1);
     let eps = info.attr_float("epsilon", 1e-5);
@@ -90,7 +95,7 @@ fn layer_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
 /// Normalizes one row in place to `(x - mean) / sqrt(var + eps) * scale + bias` (scale and
 /// bias as long as the row); returns the mean and `1 / sqrt(var + eps)`.
 #[inline(always)]
-fn layer_norm_row(row: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f32) -> (f32, f32) {
+pub(super) fn layer_norm_row(row: &mut [f32], scale: &[f32], bias: Option<&[f32]>, eps: f32) -> (f32, f32) {
     let d = row.len() as f32;
     let mean = lane_sum(row, |x| x) / d;
     let var = lane_sum(row, |x| (x - mean) * (x - mean)) / d;
@@ -192,7 +197,7 @@ fn rms_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let per_row = ss.len() <= s.len() - ax && ss.iter().rev().zip(s.iter().rev()).all(|(p, q)| p == q) && sv.len() == d;
         if !v.is_empty() {
             par_chunks_mut(&mut v, d, min_items(d * ELEMENT_WORK), || (), |_, _, row| vectorized(|| {
-                let inv = 1.0 / (lane_sum(row, |x| x * x) / d as f32 + eps).sqrt();
+                let inv = rms_inv(row, eps);
                 if per_row {
                     row.iter_mut().zip(sv.iter()).for_each(|(x, &g)| *x *= inv * g);
                 } else {
@@ -209,6 +214,12 @@ fn rms_norm(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         }
         Ok(vec![from_f32(x.dtype(), s, out)?])
     })
+}
+
+/// `1 / sqrt(mean(x^2) + eps)` over one row (the row's root mean square, inverted).
+#[inline(always)]
+pub(super) fn rms_inv(row: &[f32], eps: f32) -> f32 {
+    1.0 / (lane_sum(row, |x| x * x) / row.len() as f32 + eps).sqrt()
 }
 
 /// LpNormalization (opsets 1 and 22): `X` divided by its L`p` norm along `axis` (default
