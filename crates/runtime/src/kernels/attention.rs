@@ -24,13 +24,13 @@ pub fn register(r: &mut Registry) {
 
 /// Elements of a tensor of `dims`, or an error naming `what` when it would exceed
 /// [`MAX_KERNEL_BYTES`](super::util::MAX_KERNEL_BYTES) as f32.
-fn checked_len(dims: &[usize], what: &str) -> RuntimeResult<usize> {
+pub(super) fn checked_len(dims: &[usize], what: &str) -> RuntimeResult<usize> {
     super::util::check_output_size(what, DType::F32, dims)?;
     Ok(dims.iter().product())
 }
 
 /// A positive integer attribute, `None` when absent.
-fn positive_attr(info: &NodeInfo, name: &str) -> RuntimeResult<Option<usize>> {
+pub(super) fn positive_attr(info: &NodeInfo, name: &str) -> RuntimeResult<Option<usize>> {
     match info.node.attr_int(name) {
         None => Ok(None),
         Some(v) if v > 0 => Ok(Some(v as usize)),
@@ -77,12 +77,12 @@ struct AttentionAttrs {
 /// How one of Q, K, V (or a cache) lays out its heads: 4-D `[batch, heads, seq, head_size]`,
 /// or 3-D `[batch, seq, heads * head_size]`.
 #[derive(Clone, Copy, Debug)]
-struct Heads {
-    batch: usize,
-    heads: usize,
-    seq: usize,
-    head_size: usize,
-    packed: bool,
+pub(super) struct Heads {
+    pub(super) batch: usize,
+    pub(super) heads: usize,
+    pub(super) seq: usize,
+    pub(super) head_size: usize,
+    pub(super) packed: bool,
 }
 
 impl Heads {
@@ -123,7 +123,7 @@ impl Heads {
 
 /// `past` (4-D `[batch, heads, past_len, head_size]`, when given) followed along the
 /// sequence by the keys or values `x` of layout `layout`: the 4-D present cache.
-fn concat_cache(past: Option<(&[f32], usize)>, x: &[f32], layout: Heads) -> Vec<f32> {
+pub(super) fn concat_cache(past: Option<(&[f32], usize)>, x: &[f32], layout: Heads) -> Vec<f32> {
     let Heads { batch, heads, seq, head_size, .. } = layout;
     let past_len = past.map_or(0, |p| p.1);
     let mut out = Vec::with_capacity(batch * heads * (past_len + seq) * head_size);
@@ -229,7 +229,7 @@ fn round_to(dtype: DType, x: f32) -> f32 {
 /// `batch` products written to consecutive `m x n` blocks of `out`: block `p` is
 /// `a(p) · b(p)` (`k` the shared dimension), split across threads by block when there are
 /// enough blocks, else within each product.
-fn batched_products<'a>(out: &mut [f32], m: usize, n: usize, k: usize, a: impl Fn(usize) -> MatRef<'a> + Sync + Send, b: impl Fn(usize) -> MatRef<'a> + Sync + Send) {
+pub(super) fn batched_products<'a>(out: &mut [f32], m: usize, n: usize, k: usize, a: impl Fn(usize) -> MatRef<'a> + Sync + Send, b: impl Fn(usize) -> MatRef<'a> + Sync + Send) {
     let block = m * n;
     if block == 0 {
         return;
@@ -252,7 +252,7 @@ fn batched_products<'a>(out: &mut [f32], m: usize, n: usize, k: usize, a: impl F
 /// subtracted first, a NaN score makes the row NaN, and a row whose bias is -inf
 /// everywhere (no key attended) becomes zeros. `round` is applied to every intermediate
 /// (the identity, or rounding to the input's precision).
-fn masked_softmax(row: &mut [f32], bias: &[f32], round: impl Fn(f32) -> f32) {
+pub(super) fn masked_softmax(row: &mut [f32], bias: &[f32], round: impl Fn(f32) -> f32) {
     if !bias.iter().any(|&b| b != f32::NEG_INFINITY) {
         row.fill(0.0);
         return;
@@ -557,27 +557,37 @@ fn rotary_embedding(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             }
         };
         let (xv, cv, sv) = (to_f32(x)?, to_f32(cos)?, to_f32(sin)?);
-        let mut out = xv.to_vec();
-        let Heads { batch, heads, seq, head_size, packed } = layout;
-        for b in 0..batch {
-            for h in 0..heads {
-                for s in 0..seq {
-                    let at = if packed { (b * seq + s) * heads * head_size + h * head_size } else { ((b * heads + h) * seq + s) * head_size };
-                    let row = rows[b * seq + s] * half;
-                    let (c, sn) = (&cv[row..row + half], &sv[row..row + half]);
-                    let src = &xv[at..at + dim];
-                    let dst = &mut out[at..at + dim];
-                    for p in 0..half {
-                        let (i1, i2) = if interleaved { (2 * p, 2 * p + 1) } else { (p, p + half) };
-                        let (x1, x2) = (src[i1], src[i2]);
-                        dst[i1] = c[p] * x1 - sn[p] * x2;
-                        dst[i2] = sn[p] * x1 + c[p] * x2;
-                    }
+        let out = rotate(&xv, layout, dim, interleaved, &rows, &cv, &sv);
+        Ok(vec![from_f32(x.dtype(), x.shape(), out)?])
+    })
+}
+
+/// `x` (laid out as `layout`) with the first `dim` values of every head vector rotated by the
+/// angles of cache row `rows[b * seq + s]` (`dim / 2` cosines and sines per row, in `cos` and
+/// `sin`): pairs are the two halves of the rotated part, or adjacent values when
+/// `interleaved`; the rest of each head vector is copied.
+pub(super) fn rotate(x: &[f32], layout: Heads, dim: usize, interleaved: bool, rows: &[usize], cos: &[f32], sin: &[f32]) -> Vec<f32> {
+    let half = dim / 2;
+    let mut out = x.to_vec();
+    let Heads { batch, heads, seq, head_size, packed } = layout;
+    for b in 0..batch {
+        for h in 0..heads {
+            for s in 0..seq {
+                let at = if packed { (b * seq + s) * heads * head_size + h * head_size } else { ((b * heads + h) * seq + s) * head_size };
+                let row = rows[b * seq + s] * half;
+                let (c, sn) = (&cos[row..row + half], &sin[row..row + half]);
+                let src = &x[at..at + dim];
+                let dst = &mut out[at..at + dim];
+                for p in 0..half {
+                    let (i1, i2) = if interleaved { (2 * p, 2 * p + 1) } else { (p, p + half) };
+                    let (x1, x2) = (src[i1], src[i2]);
+                    dst[i1] = c[p] * x1 - sn[p] * x2;
+                    dst[i2] = sn[p] * x1 + c[p] * x2;
                 }
             }
         }
-        Ok(vec![from_f32(x.dtype(), x.shape(), out)?])
-    })
+    }
+    out
 }
 
 /// SwiGLU (opset 28): `Y = A · sigmoid(alpha · A) · B` elementwise over gate `A` and value

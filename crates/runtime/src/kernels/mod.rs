@@ -2,6 +2,7 @@
 //! its ops, one registry line each.
 
 mod attention;
+mod attention_ms;
 mod contrib_ms;
 mod control;
 pub(crate) mod conv;
@@ -29,6 +30,7 @@ pub(crate) mod util;
 /// Registers every built-in kernel.
 pub fn register_all(r: &mut crate::Registry) {
     attention::register(r);
+    attention_ms::register(r);
     contrib_ms::register(r);
     control::register(r);
     conv::register(r);
