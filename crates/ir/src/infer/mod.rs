@@ -295,4 +295,51 @@ mod tests {
         assert_eq!(g.value(pool).unwrap().ty, Some(ValueType::tensor_of(DType::F32, &[2, 4, 4, 4, 4])));
         assert_eq!(g.value(deconv).unwrap().ty, Some(ValueType::tensor_of(DType::F32, &[2, 3, 18, 15, 15])));
     }
+
+    /// ONNX Runtime's transformer ops of `com.microsoft` get their output shapes; an op of
+    /// that domain named like an ONNX op with another contract is not read as the ONNX op,
+    /// and one without a rule stays unknown.
+    #[test]
+    fn com_microsoft_transformer_ops_have_their_own_rules() {
+        use crate::{Attr, MS_DOMAIN};
+        let mut g = Graph::new("g");
+        let n = Dim::Sym("N".into());
+        let x = g.add_input("x", Some(ValueType::tensor(DType::F32, vec![n.clone(), Dim::Known(7), Dim::Known(16)]))).unwrap();
+        let w = g.add_initializer("w", Tensor::zeros(DType::F32, &[16, 48]).unwrap()).unwrap();
+        let b = g.add_initializer("b", Tensor::zeros(DType::F32, &[48]).unwrap()).unwrap();
+        let ms = |g: &mut Graph, op: &str, inputs: Vec<Option<ValueId>>, outputs: usize, attrs: Vec<(&str, Attr)>| -> Vec<ValueId> {
+            let name = g.unique_name(&op.to_lowercase());
+            let outs: Vec<ValueId> = (0..outputs).map(|i| g.new_value(format!("{name}_{i}"), None).unwrap()).collect();
+            let mut node = Node::new(op, name).with_outputs(outs.iter().copied());
+            node.inputs = inputs;
+            node.domain = MS_DOMAIN.into();
+            for (k, v) in attrs {
+                node = node.with_attr(k, v);
+            }
+            g.add_node(node).unwrap();
+            outs
+        };
+        let attn = ms(&mut g, "Attention", vec![Some(x), Some(w), Some(b)], 1, vec![("num_heads", Attr::Int(4))]);
+        let gelu = ms(&mut g, "FastGelu", vec![Some(attn[0])], 1, vec![]);
+        let gamma = g.add_initializer("gamma", Tensor::zeros(DType::F32, &[16]).unwrap()).unwrap();
+        let sln = ms(&mut g, "SkipLayerNormalization", vec![Some(gelu[0]), Some(x), Some(gamma)], 4, vec![]);
+        let wt = g.add_initializer("wt", Tensor::zeros(DType::F32, &[5, 16]).unwrap()).unwrap();
+        let mm = ms(&mut g, "FusedMatMul", vec![Some(sln[0]), Some(wt)], 1, vec![("transB", Attr::Int(1))]);
+        let ids = g.add_input("ids", Some(ValueType::tensor(DType::I32, vec![n.clone(), Dim::Known(7)]))).unwrap();
+        let table = g.add_initializer("table", Tensor::zeros(DType::F32, &[30, 16]).unwrap()).unwrap();
+        let eln = ms(&mut g, "EmbedLayerNormalization", vec![Some(ids), None, Some(table), Some(table), None, Some(gamma), Some(gamma)], 3, vec![]);
+        let unknown = ms(&mut g, "GroupQueryAttention", vec![Some(x), Some(x), Some(x)], 1, vec![]);
+        g.set_outputs(vec![mm[0], sln[1], sln[3], eln[0], eln[1], unknown[0]]).unwrap();
+        let opsets = [OpsetImport { domain: String::new(), version: 17 }, OpsetImport { domain: MS_DOMAIN.into(), version: 1 }];
+        let report = infer_graph(&mut g, &opsets);
+        assert_eq!(report.unknown_ops.len(), 1, "{report:?}");
+        let f32_of = |dims: Vec<Dim>| Some(ValueType::tensor(DType::F32, dims));
+        assert_eq!(g.value(attn[0]).unwrap().ty, f32_of(vec![n.clone(), Dim::Known(7), Dim::Known(16)]));
+        assert_eq!(g.value(sln[1]).unwrap().ty, f32_of(vec![n.clone(), Dim::Known(7), Dim::Known(1)]));
+        assert_eq!(g.value(sln[3]).unwrap().ty, f32_of(vec![n.clone(), Dim::Known(7), Dim::Known(16)]));
+        assert_eq!(g.value(mm[0]).unwrap().ty, f32_of(vec![n.clone(), Dim::Known(7), Dim::Known(5)]));
+        assert_eq!(g.value(eln[0]).unwrap().ty, f32_of(vec![n.clone(), Dim::Known(7), Dim::Known(16)]));
+        assert_eq!(g.value(eln[1]).unwrap().ty, Some(ValueType::tensor(DType::I32, vec![n])));
+        assert_eq!(g.value(unknown[0]).unwrap().ty, None);
+    }
 }

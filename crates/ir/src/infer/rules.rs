@@ -148,11 +148,111 @@ fn resized_shape(node: &Node, xs: &Shape, sizes: Option<Vec<i64>>, scales: Optio
 
 /// Output types (and small integer values) of a node, or `None` for an op without a rule.
 pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
+    match node.domain.as_str() {
+        "" | "ai.onnx" => infer_onnx(node, ins, opset),
+        crate::MS_DOMAIN => infer_ms(node, ins, opset),
+        _ => None,
+    }
+}
+
+/// [`infer`] for the ops of ONNX Runtime's `com.microsoft` domain that have a rule: its
+/// QuantizeLinear and DequantizeLinear (ONNX's contract), and the transformer ops its
+/// optimizer emits whose output shapes follow plainly from their inputs. Other ops of the
+/// domain are unknown, including those named like an ONNX op with another contract (its
+/// Attention takes packed Q/K/V weights).
+fn infer_ms(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
     let x = ins.first().cloned().unwrap_or_default();
-    let same = || vec![out(x.ty.clone())];
-    if !(node.domain.is_empty() || node.domain == "ai.onnx" || node.domain == crate::MS_DOMAIN) {
+    let input_shape = |i: usize| ins.get(i).and_then(shape);
+    Some(match node.op_type.as_str() {
+        "QuantizeLinear" | "DequantizeLinear" => return infer_onnx(node, ins, opset),
+        "Gelu" | "BiasGelu" | "FastGelu" | "QuickGelu" | "RotaryEmbedding" => vec![out(x.ty.clone())],
+        "FusedMatMul" => {
+            let flag = |name: &str| node.attr_int(name).unwrap_or(0) != 0;
+            let arranged = |s: Shape, trans: bool, trans_batch: bool| -> Option<Shape> {
+                let r = s.len();
+                let mut s = s;
+                if trans_batch {
+                    if r < 3 {
+                        return None;
+                    }
+                    let first = s.remove(0);
+                    s.insert(r - 2, first);
+                }
+                if trans && r >= 2 {
+                    s.swap(r - 2, r - 1);
+                }
+                Some(s)
+            };
+            let a = shape(&x).and_then(|s| arranged(s, flag("transA"), flag("transBatchA")));
+            let b = input_shape(1).and_then(|s| arranged(s, flag("transB"), flag("transBatchB")));
+            vec![out(ty(elem(&x), a.zip(b).and_then(|(a, b)| matmul_shape(a, b))))]
+        }
+        "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization" => {
+            let stat = shape(&x).filter(|s| !s.is_empty()).map(|mut s| {
+                *s.last_mut().expect("not empty") = Dim::Known(1);
+                s
+            });
+            vec![out(x.ty.clone()), out(ty(Some(DType::F32), stat.clone())), out(ty(Some(DType::F32), stat)), out(x.ty.clone())]
+        }
+        "EmbedLayerNormalization" => {
+            let word = ins.get(2).cloned().unwrap_or_default();
+            let ids = shape(&x).filter(|s| s.len() == 2);
+            let y = ids.clone().zip(shape(&word).filter(|s| s.len() == 2)).map(|(ids, w)| vec![ids[0].clone(), ids[1].clone(), w[1].clone()]);
+            let mask_index = ids.map(|s| vec![s[0].clone()]);
+            vec![out(ty(elem(&word), y.clone())), out(ty(Some(DType::I32), mask_index)), out(ty(elem(&word), y))]
+        }
+        "Attention" => {
+            let heads = node.attr_int("num_heads").filter(|&n| n > 0);
+            let v_hidden = match attr_ints(node, "qkv_hidden_sizes") {
+                Some(v) if v.len() == 3 => Some(Dim::Known(v[2])),
+                Some(_) => None,
+                None => input_shape(1).filter(|w| w.len() == 2).and_then(|w| w[1].known()).filter(|c| c % 3 == 0).map(|c| Dim::Known(c / 3)),
+            };
+            let y = shape(&x).filter(|s| s.len() == 3).zip(v_hidden.filter(|_| heads.is_some())).map(|(s, dv)| vec![s[0].clone(), s[1].clone(), dv]);
+            vec![out(ty(elem(&x), y)), out(ty(elem(&x), None))]
+        }
+        "MultiHeadAttention" => {
+            let heads = node.attr_int("num_heads").filter(|&n| n > 0);
+            let y = match (shape(&x), input_shape(1), input_shape(2)) {
+                (Some(q), _, _) if q.len() == 5 => Some(vec![q[0].clone(), q[1].clone(), heads.map_or(Dim::Unknown, |n| mul_dim(&q[4], n))]),
+                (Some(q), Some(k), None) if q.len() == 3 && k.len() == 5 => Some(q),
+                (Some(q), Some(_), Some(v)) if q.len() == 3 && v.len() == 3 => Some(vec![q[0].clone(), q[1].clone(), v[2].clone()]),
+                (Some(q), Some(_), Some(v)) if q.len() == 3 && v.len() == 4 => Some(vec![q[0].clone(), q[1].clone(), v[1].known().map_or(Dim::Unknown, |n| mul_dim(&v[3], n))]),
+                _ => None,
+            };
+            vec![out(ty(elem(&x), y)), out(ty(elem(&x), None)), out(ty(elem(&x), None))]
+        }
+        _ => return None,
+    })
+}
+
+/// The shape of a layer normalization's per-row statistics: X's with 1s from `axis` (default
+/// -1) on.
+fn norm_stat_shape(node: &Node, x: &Known) -> Option<Shape> {
+    let s = shape(x)?;
+    let ax = norm_axis(node.attr_int("axis").unwrap_or(-1), s.len())?;
+    Some(s.iter().enumerate().map(|(i, d)| if i < ax { d.clone() } else { Dim::Known(1) }).collect())
+}
+
+/// The numpy MatMul of shapes `a` and `b` (1-D operands promoted, batch dimensions
+/// broadcast); `None` for a scalar.
+fn matmul_shape(mut a: Shape, mut b: Shape) -> Option<Shape> {
+    if a.is_empty() || b.is_empty() {
         return None;
     }
+    let (a1, b1) = (a.len() == 1, b.len() == 1);
+    if a1 { a.insert(0, Dim::Known(1)); }
+    if b1 { b.push(Dim::Known(1)); }
+    let mut o = broadcast(&[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
+    if !a1 { o.push(a[a.len() - 2].clone()); }
+    if !b1 { o.push(b[b.len() - 1].clone()); }
+    Some(o)
+}
+
+/// [`infer`] for the default (ONNX) domain.
+fn infer_onnx(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
+    let x = ins.first().cloned().unwrap_or_default();
+    let same = || vec![out(x.ty.clone())];
     Some(match node.op_type.as_str() {
         "Relu" | "Sigmoid" | "Tanh" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs" | "Erf" | "Reciprocal" | "Floor" | "Ceil"
         | "Round" | "Sin" | "Cos" | "Softplus" | "Softsign" | "HardSigmoid" | "HardSwish" | "LeakyRelu" | "Elu" | "Selu"
@@ -183,10 +283,9 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
         "Identity" => vec![x.clone()],
         "Dropout" => vec![out(x.ty.clone()), out(ty(Some(DType::Bool), shape(&x)))],
         "BatchNormalization" => same(),
+        "SimplifiedLayerNormalization" => vec![out(x.ty.clone()), out(ty(Some(DType::F32), norm_stat_shape(node, &x)))],
         "LayerNormalization" => {
-            let s = shape(&x);
-            let a = node.attr_int("axis").unwrap_or(-1);
-            let stat = s.as_ref().and_then(|s| norm_axis(a, s.len()).map(|ax| s.iter().enumerate().map(|(i, d)| if i < ax { d.clone() } else { Dim::Known(1) }).collect()));
+            let stat = norm_stat_shape(node, &x);
             vec![out(x.ty.clone()), out(ty(Some(DType::F32), stat.clone())), out(ty(Some(DType::F32), stat))]
         }
         "Cast" => {
@@ -376,19 +475,7 @@ pub(crate) fn infer(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>
             vec![out(ty(if arg { Some(DType::I64) } else { elem(&x) }, s))]
         }
         "MatMul" => {
-            let (a, b) = (shape(&x), ins.get(1).and_then(shape));
-            let s = match (a, b) {
-                (Some(mut a), Some(mut b)) if !a.is_empty() && !b.is_empty() => {
-                    let (a1, b1) = (a.len() == 1, b.len() == 1);
-                    if a1 { a.insert(0, Dim::Known(1)); }
-                    if b1 { b.push(Dim::Known(1)); }
-                    let mut o = broadcast(&[a[..a.len() - 2].to_vec(), b[..b.len() - 2].to_vec()]);
-                    if !a1 { o.push(a[a.len() - 2].clone()); }
-                    if !b1 { o.push(b[b.len() - 1].clone()); }
-                    Some(o)
-                }
-                _ => None,
-            };
+            let s = shape(&x).zip(ins.get(1).and_then(shape)).and_then(|(a, b)| matmul_shape(a, b));
             vec![out(ty(elem(&x), s))]
         }
         "Gemm" => {
