@@ -43,7 +43,7 @@ fn hints(stem: &str) -> (Vec<&'static str>, Vec<&'static str>) {
         "orientation" => (vec!["x=1,3,224,224"], vec![]),
         "silero_vad_16k_sequence" => (vec!["input=3,576"], vec![]),
         s if s.starts_with("silero_vad") => (vec!["input=1,576", "state=2,1,128"], vec!["sr=16000"]),
-        "bert_tiny" => (vec!["input_ids=2,16", "attention_mask=2,16", "token_type_ids=2,16"], vec!["attention_mask=1", "input_ids=7"]),
+        "bert_tiny" | "bert_tiny_ort_opt" | "bert_tiny_ort_opt_mha" => (vec!["input_ids=2,16", "attention_mask=2,16", "token_type_ids=2,16"], vec!["attention_mask=1", "input_ids=7"]),
         _ => (vec![], vec![]),
     }
 }
@@ -75,7 +75,8 @@ pub fn light_models() -> Vec<RealModel> {
 }
 
 /// Small models committed to the repository (`models/`): a BERT-class encoder exported from
-/// PyTorch by `scripts/export_bert.py`.
+/// PyTorch by `scripts/export_bert.py`, and its variants fused into ONNX Runtime's
+/// `com.microsoft` operators by `scripts/optimize_bert.py`.
 pub fn committed_models() -> Vec<RealModel> {
     models_in(&repo().join("models"))
 }
