@@ -230,3 +230,72 @@ fn exclusions_that_match_no_node_are_named() {
     expect_error(&[m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--strict".as_ref(), "--exclude".as_ref(), "Conv@00".as_ref()],
         &out, &["--strict", "name 'Conv@00'", "matches a node's name or scope"]);
 }
+
+/// `[batch, 16]` BERT inputs: random token ids, an attention mask padding each sentence from
+/// a random length of at least 8 on, token types 0 then 1.
+fn bert_sample(rng: &mut qforge_testkit::Rng, batch: usize) -> Vec<(String, Tensor)> {
+    let ids: Vec<i64> = (0..batch * 16).map(|_| rng.int(1, 1023)).collect();
+    let mut mask = vec![1i64; batch * 16];
+    for b in 0..batch {
+        let len = rng.int(8, 16) as usize;
+        mask[b * 16 + len..(b + 1) * 16].fill(0);
+    }
+    let types: Vec<i64> = (0..batch * 16).map(|i| (i % 16 >= 8) as i64).collect();
+    vec![
+        ("input_ids".into(), Tensor::from_vec(&[batch, 16], ids).unwrap()),
+        ("attention_mask".into(), Tensor::from_vec(&[batch, 16], mask).unwrap()),
+        ("token_type_ids".into(), Tensor::from_vec(&[batch, 16], types).unwrap()),
+    ]
+}
+
+/// The BERT-class encoder fused by ONNX Runtime's transformer optimizer into its
+/// `com.microsoft` operators (`scripts/optimize_bert.py`) calibrates in qforge's runtime and
+/// quantizes: its MatMuls get Q/DQ, the contrib ops stay float with the reason, and ONNX
+/// Runtime runs the result with sentence embeddings at cosine >= 0.99 against the float
+/// model's.
+#[test]
+fn quantizes_models_fused_into_com_microsoft_transformer_ops() {
+    let repo = qforge_testkit::repo();
+    let tmp = TempDir::new("qcli-ortopt");
+    let calib = tmp.path().join("calib");
+    let mut rng = qforge_testkit::Rng::new(5);
+    for i in 0..8 {
+        let d = calib.join(format!("{i:03}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, t) in bert_sample(&mut rng, 2) {
+            qforge_data::write_npy(&d.join(format!("{name}.npy")), &t).unwrap();
+        }
+    }
+    let eval = [qforge_data::read_npz(&repo.join("models/bert_tiny_inputs.npz")).unwrap(), bert_sample(&mut rng, 4)];
+    for (name, matmuls, ms_ops) in [("bert_tiny_ort_opt", 6, 9), ("bert_tiny_ort_opt_mha", 12, 9)] {
+        let model = repo.join(format!("models/{name}.onnx"));
+        let (out, report) = (tmp.path().join(format!("{name}.q.onnx")), tmp.path().join(format!("{name}.json")));
+        let o = qforge(&[model.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        let nodes = r["nodes"].as_array().unwrap();
+        let quantized = nodes.iter().filter(|n| n["quantized"] == true && n["op"] == "MatMul").count();
+        assert_eq!(quantized, matmuls, "{name}: quantized MatMuls");
+        let contrib: Vec<_> = nodes.iter().filter(|n| n["op"].as_str().is_some_and(|op| op.starts_with("com.microsoft::"))).collect();
+        assert_eq!(contrib.len(), ms_ops, "{name}: com.microsoft nodes in the report");
+        for n in contrib {
+            assert!(n["quantized"] == false && n["reason"].as_str().is_some_and(|s| !s.is_empty()), "{name}: {n}");
+        }
+        let q = qforge_onnx::load(&out).unwrap();
+        assert!(q.graph.nodes().any(|(_, n)| n.op_type == "DequantizeLinear"), "{name}: no Q/DQ written");
+        assert_eq!(q.graph.nodes().filter(|(_, n)| n.domain == qforge_ir::MS_DOMAIN).count(), ms_ops, "{name}: contrib ops kept");
+        for inputs in &eval {
+            let (f, qz) = (ort_run(&model, inputs, 1), ort_run(&out, inputs, 1));
+            let get = |outs: &[(String, Tensor)]| outs.iter().find(|(n, _)| n == "sentence_embedding").unwrap().1.clone();
+            let (a, b) = (get(&f), get(&qz));
+            let dim = a.shape()[1];
+            for (i, (x, y)) in a.as_slice::<f32>().unwrap().chunks(dim).zip(b.as_slice::<f32>().unwrap().chunks(dim)).enumerate() {
+                let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
+                let norm = |v: &[f32]| v.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+                let cos = dot / (norm(x) * norm(y));
+                println!("{name} quantized, sentence {i}: cosine {cos:.6} against float");
+                assert!(cos >= 0.99, "{name} sentence {i}: cosine {cos}");
+            }
+        }
+    }
+}
