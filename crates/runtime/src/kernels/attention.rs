@@ -38,6 +38,16 @@ pub(super) fn positive_attr(info: &NodeInfo, name: &str) -> RuntimeResult<Option
     }
 }
 
+/// RotaryEmbedding's `rotary_embedding_dim`: `None` for 0 (the default: the whole head),
+/// the width when positive; negative values are errors.
+pub(super) fn rotary_dim_attr(info: &NodeInfo) -> RuntimeResult<Option<usize>> {
+    match info.attr_int("rotary_embedding_dim", 0) {
+        0 => Ok(None),
+        d if d > 0 => Ok(Some(d as usize)),
+        d => Err(info.error(format!("rotary_embedding_dim must be nonnegative, got {d}"))),
+    }
+}
+
 /// A window-size attribute: `None` for -1 (unbounded), the bound when nonnegative.
 fn window_attr(info: &NodeInfo, name: &str) -> RuntimeResult<Option<i64>> {
     match info.attr_int(name, -1) {
@@ -507,11 +517,7 @@ fn run_attention(a: &AttentionAttrs, ins: &[Option<&Tensor>], nonpad: Option<&Te
 fn rotary_embedding(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let interleaved = info.attr_int("interleaved", 0) != 0;
     let num_heads = positive_attr(info, "num_heads")?;
-    let rotary_dim = match info.attr_int("rotary_embedding_dim", 0) {
-        0 => None,
-        d if d > 0 => Some(d as usize),
-        d => return Err(info.error(format!("rotary_embedding_dim must be nonnegative, got {d}"))),
-    };
+    let rotary_dim = rotary_dim_attr(info)?;
     kernel(move |ins| {
         let (x, cos, sin) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
         let layout = match *x.shape() {

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use qforge_ir::{Tensor, MS_DOMAIN};
 
-use super::attention::{batched_products, checked_len, concat_cache, masked_softmax, positive_attr, rotate, Heads};
+use super::attention::{batched_products, checked_len, concat_cache, masked_softmax, positive_attr, rotary_dim_attr, rotate, Heads};
 use super::elementwise::{from_f32, to_f32};
 use super::gemm::{sgemm, MatRef};
 use super::util::{input, ints, kernel, min_items, opt_input, par_chunks_mut, ELEMENT_WORK};
@@ -463,11 +463,7 @@ fn check_bias<'a>(bias: Option<&'a (Cow<'_, [f32]>, Vec<usize>)>, hidden: usize,
 fn rotary_embedding(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let interleaved = info.attr_int("interleaved", 0) != 0;
     let num_heads = positive_attr(info, "num_heads")?;
-    let rotary_dim = match info.attr_int("rotary_embedding_dim", 0) {
-        0 => None,
-        d if d > 0 => Some(d as usize),
-        d => return Err(info.error(format!("rotary_embedding_dim must be nonnegative, got {d}"))),
-    };
+    let rotary_dim = rotary_dim_attr(info)?;
     if rotary_dim.is_some() && num_heads.is_none() {
         return Err(info.error("num_heads is required when rotary_embedding_dim is set"));
     }
