@@ -423,37 +423,93 @@ fn conv_pointwise(src: &[f32], cg: usize, plane: usize, weights: &[f32], mg: usi
 /// An epilogue program and its inputs after the first, as data and shape.
 type Epilogue<'a> = Option<(&'a Program, &'a [(&'a [f32], &'a [usize])])>;
 
-/// Whether [`conv_direct`] runs here (it needs AVX-512F, or AVX2 and FMA).
-fn direct_conv_applies() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f") || (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+/// The kernel a dense (not depthwise, not pointwise) 2-D convolution of one image and
+/// group runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Dense {
+    /// [`conv_tiled`]: tiles of unfolded columns times the weights.
+    Tiled,
+    /// [`conv_direct`] with [`direct_rows_avx512`] (or [`direct_rows_avx2`]): blocks of
+    /// [`DIRECT_MB`] output channels by 16 or 32 columns, the weights broadcast.
+    Columns,
+    /// [`conv_direct`] with [`broadcast_rows_avx512`]: blocks of [`BCAST_MB`] output channels
+    /// by 16 positions, the inputs broadcast.
+    Channels,
 }
 
-/// Output channels one step of [`conv_direct`] computes.
+/// The kernel for a dense 2-D convolution of `mg` output channels per group, `taps` weights
+/// per output channel (input channels times kernel taps) and output rows `ow` wide, on this
+/// CPU.
+///
+/// With AVX-512F and AVX-512VL: [`Dense::Channels`] for rows narrower than one 16-column
+/// chunk (twice as fast as [`Dense::Tiled`] there), else whichever of [`Dense::Channels`]
+/// and [`Dense::Columns`] has the lower estimated cost, lanes computed times the work per
+/// lane (constants measured on Zen 4, where the estimate is within a few percent):
+/// - [`Dense::Columns`] computes `mg` rounded up to 8 channels by `ow` rounded up to 32
+///   columns (16 when it fits one chunk), each costing `taps + 1` (the 1: stores);
+/// - [`Dense::Channels`] computes `ow` rounded up to 16 columns, except that a last chunk of
+///   at most 12 columns is rounded up to 4, by `mg` rounded up to 16 channels, except that a
+///   last block of at most 8 channels runs in 8-lane registers and costs 1.3 times its 8
+///   lanes (it is bound by the broadcasts it loads); each lane costs `0.96 * taps + 4` (no
+///   weight broadcasts, but a 16x16 transpose per block of outputs, about 4 taps' worth).
+///
+/// In effect [`Dense::Columns`] keeps the convolutions with few taps (3-channel stems,
+/// 1-channel inputs), where the transposes cost more than its weight broadcasts, and those
+/// with a half block of channels whose rows it covers in whole 32-column chunks (24
+/// channels of 160 columns). Without AVX-512F and AVX-512VL: [`Dense::Columns`] when rows
+/// hold at least one 16-column chunk and the CPU has AVX-512F or AVX2 and FMA; else
+/// [`Dense::Tiled`].
+fn dense_kernel(mg: usize, ow: usize, taps: usize) -> Dense {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx512 = has!("avx512f");
+        if avx512 && has!("avx512vl") {
+            if ow < LANES {
+                return Dense::Channels;
+            }
+            let columns = (mg.next_multiple_of(DIRECT_MB) * if ow == LANES { LANES } else { ow.next_multiple_of(2 * LANES) }) as f64 * (taps as f64 + 1.0);
+            let last = ow % LANES;
+            let width = ow - last + if last > 12 { LANES } else { last.next_multiple_of(4) };
+            let tail = mg % BCAST_MB;
+            let lanes = (mg - tail) as f64 + if tail > BCAST_MB / 2 { BCAST_MB as f64 } else if tail > 0 { 1.3 * (BCAST_MB / 2) as f64 } else { 0.0 };
+            let channels = lanes * width as f64 * (0.96 * taps as f64 + 4.0);
+            return if channels < columns { Dense::Channels } else { Dense::Columns };
+        }
+        if ow >= LANES && (avx512 || (has!("avx2") && has!("fma"))) {
+            return Dense::Columns;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (mg, ow, taps);
+    Dense::Tiled
+}
+
+/// Output channels one step of [`direct_rows_avx512`] and [`direct_rows_avx2`] computes.
 const DIRECT_MB: usize = 8;
+
+/// Output channels one step of [`broadcast_rows_avx512`] computes (one register).
+const BCAST_MB: usize = 16;
 
 /// Dense convolution of one image and group computed directly, without unfolding: the
 /// `cg` input channels are copied once into the zero-padded, phase-split layout of
-/// [`Padded`], the weights are packed by blocks of [`DIRECT_MB`] output channels, and each
-/// output row is computed one or two 16-column chunks at a time for a block of channels,
-/// with the sums in registers over every tap of every input channel. Written to `dst`
-/// (`mg` channel planes; its first element is output element `base`) and finished in
-/// groups of rows; groups run in parallel. Needs AVX-512F, or AVX2 and FMA
-/// ([`direct_conv_applies`]).
+/// [`Padded`], the weights are packed by blocks of output channels ([`pack_direct`]), and
+/// `kernel` ([`Dense::Columns`] or [`Dense::Channels`], as [`dense_kernel`] allows on this
+/// CPU) computes each output row for a block of channels a few columns at a time, with the
+/// sums in registers over every tap of every input channel. Written to `dst` (`mg` channel
+/// planes; its first element is output element `base`) and finished in groups of rows and
+/// blocks of channels; groups run in parallel (also split by channels when there are too
+/// few rows for every thread).
 #[allow(clippy::too_many_arguments)]
-fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish) {
+fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish, kernel: Dense) {
     let (oh, ow) = (h.output, wa.output);
     let plane = oh * ow;
     if plane == 0 {
         return;
     }
-    let nx = if ow <= LANES { 1 } else { 2 };
+    let channels = kernel == Dense::Channels;
+    let nx = if ow <= LANES || channels { 1 } else { 2 };
+    let mb = if channels { BCAST_MB } else { DIRECT_MB };
     let geo = Padded::with_chunks(h, wa, nx);
     let chan = geo.channel_len();
     let mut padded = vec![0f32; cg * chan];
@@ -473,46 +529,70 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
         geo.fill_into(channel, buf);
     });
     let taps = cg * h.kernel * wa.kernel;
-    let packed = pack_direct(weights, mg, taps);
+    let lines = pack_direct(weights, mg, taps, mb);
+    let packed: &[f32] = bytemuck::cast_slice(&lines);
     // The sums start at the bias, so blocks are finished without it.
     let ch0 = (base / plane) % fin.channels;
-    let bias: Vec<f32> = (0..mg.next_multiple_of(DIRECT_MB)).map(|m| if m < mg { fin.bias.map_or(0.0, |b| b[ch0 + m]) } else { 0.0 }).collect();
+    let blocks = mg.div_ceil(mb);
+    let bias: Vec<f32> = (0..blocks * mb).map(|m| if m < mg { fin.bias.map_or(0.0, |b| b[ch0 + m]) } else { 0.0 }).collect();
     let fin = Finish { bias: None, ..fin };
     let rows_per_task = 256usize.div_ceil(ow).min(oh);
+    // Fewer row groups than two per thread: each group is split by blocks of channels too.
+    let row_groups = oh.div_ceil(rows_per_task);
+    let splits = if row_groups >= 2 * threads() { 1 } else { (2 * threads()).div_ceil(row_groups).min(blocks) };
+    let blocks_per_task = blocks.div_ceil(splits);
+    let splits = blocks.div_ceil(blocks_per_task);
     let out = OutPtr::new(dst);
     assert!(out.len >= mg * plane, "output too small");
-    par_steps(oh, rows_per_task, min_items(rows_per_task * ow * mg * taps), Scratch::new, |scratch, r0| {
+    par_steps(row_groups * splits, 1, min_items(rows_per_task * ow * (blocks_per_task * mb).min(mg) * taps), Scratch::new, |scratch, task| {
+        let (r0, b0) = (task / splits * rows_per_task, task % splits * blocks_per_task);
         let r1 = (r0 + rows_per_task).min(oh);
+        let (m0, m1) = (b0 * mb, ((b0 + blocks_per_task) * mb).min(mg));
+        let (w, b) = (&packed[b0 * taps * mb..], &bias[m0..]);
+        let (start, count) = (m0 * plane + r0 * ow, m1 - m0);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `direct_conv_applies` checked that the CPU supports AVX-512F, or else
-        // AVX2 and FMA; rows `r0..r1` of every channel plane lie inside the output
-        // (asserted above) and belong to this task alone.
+        // SAFETY: `dense_kernel` chose a kernel whose instructions the CPU supports: for
+        // `Dense::Channels` AVX-512F and AVX-512VL, for `Dense::Columns` AVX-512F or else
+        // AVX2 and FMA; rows `r0..r1` of channel planes `m0..m1` lie inside the output
+        // (asserted above) and belong to this task alone; `w` and `b` start at this task's
+        // first block.
         unsafe {
-            if !avx512 {
-                direct_rows_avx2(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
+            if channels {
+                broadcast_rows_avx512(&geo, &padded, cg, w, b, count, r0..r1, out.at(start), plane);
+            } else if !avx512 {
+                direct_rows_avx2(&geo, &padded, cg, w, b, count, r0..r1, out.at(start), plane);
             } else if nx == 1 {
-                direct_rows_avx512::<1>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
+                direct_rows_avx512::<1>(&geo, &padded, cg, w, b, count, r0..r1, out.at(start), plane);
             } else {
-                direct_rows_avx512::<2>(&geo, &padded, cg, &packed, &bias, mg, r0..r1, out.at(r0 * ow), plane);
+                direct_rows_avx512::<2>(&geo, &padded, cg, w, b, count, r0..r1, out.at(start), plane);
             }
         }
-        // SAFETY: the kernel just wrote these rows, which no other task touches.
-        unsafe { finish_tile(fin, out, r0 * ow, mg, plane, (r1 - r0) * ow, base + r0 * ow, scratch) };
+        // SAFETY: the kernel just wrote these rows of these channels, which no other task
+        // touches.
+        unsafe { finish_tile(fin, out, start, count, plane, (r1 - r0) * ow, base + start, scratch) };
     });
 }
 
-/// Weights `[mg x taps]` packed for the direct kernels: blocks of [`DIRECT_MB`] output
-/// channels, each `[taps][DIRECT_MB]` (channels past `mg` zero).
-fn pack_direct(weights: &[f32], mg: usize, taps: usize) -> Vec<f32> {
-    let blocks = mg.div_ceil(DIRECT_MB);
-    let mut packed = vec![0f32; blocks * taps * DIRECT_MB];
+/// Sixteen values aligned to a cache line, so that a vector of packed weights never
+/// straddles two lines.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// Weights `[mg x taps]` packed for the direct kernels: blocks of `mb` (a divisor of 16)
+/// output channels, each `[taps][mb]` (channels past `mg` zero), in lines of
+/// [`Line`] (the last one padded with zeros).
+fn pack_direct(weights: &[f32], mg: usize, taps: usize, mb: usize) -> Vec<Line> {
+    let blocks = mg.div_ceil(mb);
+    let mut lines = vec![Line([0.0; 16]); (blocks * taps * mb).div_ceil(16)];
+    let packed: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
     for m in 0..mg {
-        let (blk, lane) = (m / DIRECT_MB, m % DIRECT_MB);
+        let (blk, lane) = (m / mb, m % mb);
         for t in 0..taps {
-            packed[(blk * taps + t) * DIRECT_MB + lane] = weights[m * taps + t];
+            packed[(blk * taps + t) * mb + lane] = weights[m * taps + t];
         }
     }
-    packed
+    lines
 }
 
 /// Output rows `rows` of every channel of [`conv_direct`], written to `out` (row
@@ -581,6 +661,175 @@ unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: 
             }
         }
     }
+}
+
+/// Output rows `rows` of every channel of [`conv_direct`] with the channel-blocked kernel:
+/// for each block of [`BCAST_MB`] output channels and each run of up to [`LANES`] output
+/// positions of a row, one register per position holds that position's sums for the
+/// block's channels; each (input channel, tap) step loads one vector of packed weights and
+/// multiplies it with each position's input value broadcast from memory. The sums (starting
+/// at `bias`, `mg` rounded up to a multiple of [`BCAST_MB`] values) are transposed to
+/// channel rows and written to `out` (row `rows.start` of channel 0; planes `plane` apart).
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512VL; `padded` holds `cg` channels in `geo`'s
+/// layout (built with one chunk of [`LANES`] columns) and `packed` the weights as [`pack_direct`] packs
+/// them in blocks of [`BCAST_MB`]; the rows `rows` of the `mg` planes at `out` are valid for
+/// writes and written by nothing else meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn broadcast_rows_avx512(geo: &Padded, padded: &[f32], cg: usize, packed: &[f32], bias: &[f32], mg: usize, rows: std::ops::Range<usize>, out: *mut f32, plane: usize) {
+    use std::arch::x86_64::*;
+    let (h, wa) = (geo.h, geo.wa);
+    let ow = wa.output;
+    let chan = geo.channel_len();
+    let row_len = wa.stride * geo.len;
+    let taps = cg * h.kernel * wa.kernel;
+    let blocks = mg.div_ceil(BCAST_MB);
+    assert!(padded.len() >= cg * chan && packed.len() >= blocks * taps * BCAST_MB && bias.len() >= blocks * BCAST_MB);
+    assert!(rows.end <= h.output && geo.chunks == 1);
+    for (r, oy) in rows.clone().enumerate() {
+        let row0 = oy * h.stride * row_len;
+        for blk in 0..blocks {
+            // SAFETY: inside `packed` and `bias` (asserted above).
+            let (w, b) = unsafe { (packed.as_ptr().add(blk * taps * BCAST_MB), _mm512_loadu_ps(bias.as_ptr().add(blk * BCAST_MB))) };
+            let count = BCAST_MB.min(mg - blk * BCAST_MB);
+            for x0 in (0..ow).step_by(LANES) {
+                // SAFETY: `Padded` sizes each phase row for the output width rounded up to
+                // `LANES` plus the largest tap shift, so the positions `x0..x0 + 16` of
+                // every tap of the rows below `rows.end` of the `cg` channels are inside
+                // `padded` (asserted above); the packed block holds `taps` vectors.
+                let sums = unsafe {
+                    let p = padded.as_ptr().add(row0 + x0);
+                    if count <= BCAST_MB / 2 {
+                        match ow - x0 {
+                            1..=4 => broadcast_half_avx512::<4>(p, chan, &geo.offsets, cg, w, b),
+                            5..=8 => broadcast_half_avx512::<8>(p, chan, &geo.offsets, cg, w, b),
+                            9..=12 => broadcast_half_avx512::<12>(p, chan, &geo.offsets, cg, w, b),
+                            _ => broadcast_half_avx512::<16>(p, chan, &geo.offsets, cg, w, b),
+                        }
+                    } else {
+                        match ow - x0 {
+                            1..=4 => broadcast_block_avx512::<4>(p, chan, &geo.offsets, cg, w, b),
+                            5..=8 => broadcast_block_avx512::<8>(p, chan, &geo.offsets, cg, w, b),
+                            9..=12 => broadcast_block_avx512::<12>(p, chan, &geo.offsets, cg, w, b),
+                            _ => broadcast_block_avx512::<16>(p, chan, &geo.offsets, cg, w, b),
+                        }
+                    }
+                };
+                let n = (ow - x0).min(LANES);
+                let mask: __mmask16 = if n == LANES { 0xffff } else { (1u16 << n) - 1 };
+                for (m, v) in sums.iter().enumerate().take(count) {
+                    // SAFETY: the mask keeps the store to the `n` columns left in this row
+                    // of channel `blk * BCAST_MB + m`, one of the caller's rows.
+                    unsafe { _mm512_mask_storeu_ps(out.add((blk * BCAST_MB + m) * plane + r * ow + x0), mask, *v) };
+                }
+            }
+        }
+    }
+}
+
+/// The sums of `W` consecutive output positions for one block of [`BCAST_MB`] channels,
+/// transposed: register `m` holds channel `m`'s sums for the positions in lanes `0..W`
+/// (lanes past `W` hold zero). Position `i` of tap `t` of input channel `c` reads
+/// `p[c * chan + offsets[t] + i]`; the weights are `cg * offsets.len()` vectors at `w`;
+/// the sums start at `bias`.
+///
+/// # Safety
+/// The CPU must support AVX-512F; every value read is inside one allocation.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn broadcast_block_avx512<const W: usize>(p: *const f32, chan: usize, offsets: &[usize], cg: usize, w: *const f32, bias: std::arch::x86_64::__m512) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    let mut acc = [bias; W];
+    let mut w = w;
+    for c in 0..cg {
+        // SAFETY: the caller's guarantee covers every value read.
+        let pc = unsafe { p.add(c * chan) };
+        for &off in offsets {
+            // SAFETY: as above.
+            unsafe {
+                let wv = _mm512_loadu_ps(w);
+                w = w.add(BCAST_MB);
+                let x = pc.add(off);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(i)), wv, *a);
+                }
+            }
+        }
+    }
+    let mut rows = [_mm512_setzero_ps(); 16];
+    rows[..W].copy_from_slice(&acc);
+    transpose16_avx512(rows)
+}
+
+/// [`broadcast_block_avx512`] for a block of at most half [`BCAST_MB`] channels: the sums
+/// of `W` positions for the first eight channels of the packed vectors, in 8-lane
+/// registers; register `m < 8` of the result holds channel `m`'s sums (lanes past `W`
+/// zero), the others are unspecified.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512VL; every value read is inside one allocation.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl")]
+#[inline]
+unsafe fn broadcast_half_avx512<const W: usize>(p: *const f32, chan: usize, offsets: &[usize], cg: usize, w: *const f32, bias: std::arch::x86_64::__m512) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_castps512_ps256(bias); W];
+    let mut w = w;
+    for c in 0..cg {
+        // SAFETY: the caller's guarantee covers every value read.
+        let pc = unsafe { p.add(c * chan) };
+        for &off in offsets {
+            // SAFETY: as above.
+            unsafe {
+                let wv = _mm256_loadu_ps(w);
+                w = w.add(BCAST_MB);
+                let x = pc.add(off);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*x.add(i)), wv, *a);
+                }
+            }
+        }
+    }
+    // Row `i` holds positions `i` and `i + 8`, so column `m` of the transpose holds
+    // channel `m` at positions 0..8 and column `m + 8` at positions 8..16.
+    let half = |i: usize| if i < W { acc[i] } else { _mm256_setzero_ps() };
+    let mut rows = [_mm512_setzero_ps(); 16];
+    for (i, r) in rows.iter_mut().enumerate().take(8) {
+        *r = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(half(i))), _mm256_castps_pd(half(i + 8))));
+    }
+    let t = transpose16_avx512(rows);
+    std::array::from_fn(|m| if m < 8 { _mm512_shuffle_f32x4::<0x44>(t[m], t[m + 8]) } else { t[m] })
+}
+
+/// The transpose of a 16x16 matrix held as 16 registers of rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16_avx512(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved within each 128-bit lane.
+    let t: [__m512; 16] = std::array::from_fn(|i| if i % 2 == 0 { _mm512_unpacklo_ps(r[i], r[i + 1]) } else { _mm512_unpackhi_ps(r[i - 1], r[i]) });
+    // Each 128-bit lane of `u[4q + j]` holds column `j` (plus 4, 8, 12 by lane) of rows
+    // `4q..4q + 4`.
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let (q, j) = (i / 4 * 4, i % 4);
+        let (a, b) = (t[q + (j / 2)], t[q + 2 + (j / 2)]);
+        if j % 2 == 0 { _mm512_shuffle_ps::<0x44>(a, b) } else { _mm512_shuffle_ps::<0xEE>(a, b) }
+    });
+    // The 128-bit lanes of `v[k]` (`v[8 + k]`) hold columns `k` and `k + 8` of rows 0..4,
+    // then of rows 4..8 (rows 8..12, then 12..16).
+    let v: [__m512; 16] = std::array::from_fn(|i| {
+        let (half, k) = (i / 8 * 8, i % 8);
+        if k < 4 { _mm512_shuffle_f32x4::<0x88>(u[half + k], u[half + k + 4]) } else { _mm512_shuffle_f32x4::<0xDD>(u[half + k - 4], u[half + k]) }
+    });
+    std::array::from_fn(|i| {
+        let k = i % 8;
+        if i < 8 { _mm512_shuffle_f32x4::<0x88>(v[k], v[k + 8]) } else { _mm512_shuffle_f32x4::<0xDD>(v[k], v[k + 8]) }
+    })
 }
 
 /// [`direct_rows_avx512`] with AVX2 and FMA: each step computes half a block of
@@ -808,10 +1057,11 @@ fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa
                     fin.apply(unsafe { assume_init_mut(out) }, base, &mut Scratch::new());
                 } else if pointwise {
                     conv_pointwise(src, kdim, plane, wg, mg, out, base, fin);
-                } else if wa.output >= LANES && direct_conv_applies() {
-                    conv_direct(src, cg, h, wa, wg, mg, out, base, fin);
                 } else {
-                    conv_tiled(src, cg, &[h, wa], wg, mg, out, base, fin);
+                    match dense_kernel(mg, wa.output, kdim) {
+                        Dense::Tiled => conv_tiled(src, cg, &[h, wa], wg, mg, out, base, fin),
+                        kernel => conv_direct(src, cg, h, wa, wg, mg, out, base, fin, kernel),
+                    }
                 }
             }
         }
@@ -1722,6 +1972,7 @@ fn add_strided(out: &mut [f32], row: &[f32], offset: isize, stride: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::fused::{Binary, Inst, Operand, Param, ParamShape, Unary};
 
     /// A direct, unoptimized NCHW convolution with explicit pads.
     #[allow(clippy::too_many_arguments)]
@@ -1803,6 +2054,96 @@ mod tests {
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             pool.install(|| check_cases(cases));
+        }
+    }
+
+    /// The dense kernels this CPU can run: always [`Dense::Tiled`], and those
+    /// [`dense_kernel`] may choose here.
+    fn dense_kernels() -> Vec<Dense> {
+        let mut kernels = vec![Dense::Tiled];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") || (has!("avx2") && has!("fma")) {
+                kernels.push(Dense::Columns);
+            }
+            if has!("avx512f") && has!("avx512vl") {
+                kernels.push(Dense::Channels);
+            }
+        }
+        kernels
+    }
+
+    /// A dense (group 1) 2-D convolution of every image of `x` by `kernel`, with `bias` and
+    /// an optional bound epilogue, as [`conv_2d`] runs it.
+    #[allow(clippy::too_many_arguments)]
+    fn run_dense(kernel: Dense, x: &[f32], xs: [usize; 4], w: &[f32], ws: [usize; 4], bias: &[f32], h: Axis, wa: Axis, epilogue: Option<&Bound>) -> Vec<f32> {
+        let ([n, c, ih, iw], m) = (xs, ws[0]);
+        let plane = h.output * wa.output;
+        let fin = Finish { bias: Some(bias), channels: m, plane, epilogue };
+        let mut out = uninit::<f32>(n * m * plane);
+        for (b, dst) in out.chunks_mut(m * plane).enumerate() {
+            let src = &x[b * c * ih * iw..(b + 1) * c * ih * iw];
+            match kernel {
+                Dense::Tiled => conv_tiled(src, c, &[h, wa], w, m, dst, b * m * plane, fin),
+                k => conv_direct(src, c, h, wa, w, m, dst, b * m * plane, fin, k),
+            }
+        }
+        // SAFETY: each kernel writes every element of each image's output planes.
+        unsafe { assume_init(out) }
+    }
+
+    #[test]
+    fn every_dense_kernel_matches_the_naive_convolution_with_bias_and_epilogue() {
+        // Output channels in whole, partial and half blocks of 16 (24, 20, 40, 17, 9, 60);
+        // widths in whole and partial 16-column chunks, narrower than one, and one row;
+        // stride 2, dilation 2, mixed strides and dilations, asymmetric pads, one input
+        // channel, a 5x5 and a 1x3 kernel, two images.
+        let cases: &[Case] = &[
+            ([1, 7, 9, 37], [24, 7, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ([2, 5, 12, 45], [20, 5, 3, 3], [2, 2], [1, 1], [1, 0, 0, 1], 1),
+            ([1, 6, 14, 30], [40, 6, 3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 1),
+            ([1, 1, 10, 19], [16, 1, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ([1, 4, 5, 7], [17, 4, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ([1, 3, 20, 50], [33, 3, 5, 5], [2, 1], [1, 2], [2, 4, 1, 3], 1),
+            ([1, 8, 6, 16], [32, 8, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ([2, 3, 5, 4], [9, 3, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ([1, 12, 3, 70], [12, 12, 1, 3], [1, 1], [1, 1], [0, 1, 0, 1], 1),
+            ([1, 16, 1, 40], [60, 16, 1, 3], [1, 1], [1, 1], [0, 1, 0, 1], 1),
+            ([1, 2, 33, 161], [8, 2, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+        ];
+        // The epilogue: (conv + residual).clip(-2, 3) * scale[channel].
+        let program = Program {
+            inputs: 2,
+            insts: vec![Inst::Binary(Binary::Add, Operand::Input(0), Operand::Input(1)), Inst::Unary(Unary::Clip { lo: -2.0, hi: 3.0 }, Operand::Value(0)), Inst::Binary(Binary::Mul, Operand::Value(1), Operand::Param(0))],
+            params: vec![],
+        };
+        for (k, &(xs, ws, stride, dil, pads, _)) in cases.iter().enumerate() {
+            let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();
+            let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
+            let scale: Vec<f32> = (0..ws[0]).map(|i| 0.5 + (i % 5) as f32 * 0.25).collect();
+            let window = Window { kernel: None, strides: Some(stride.to_vec()), dilations: Some(dil.to_vec()), pads: Some(pads.to_vec()), auto_pad: "NOTSET".into(), ceil_mode: false };
+            let (conv, shape) = naive(&x, xs, &w, ws, &b, stride, dil, pads, 1);
+            let plane = shape[2] * shape[3];
+            let residual: Vec<f32> = (0..conv.len()).map(|i| ((i * 29 % 61) as f32 - 30.0) / 20.0).collect();
+            let want: Vec<f32> = conv.iter().zip(&residual).enumerate().map(|(i, (v, r))| (v + r).clamp(-2.0, 3.0) * scale[i / plane % ws[0]]).collect();
+            let program = Program { params: vec![Param { values: scale.clone(), shape: ParamShape::Channel }], ..program.clone() };
+            let bound = program.bind(&shape, &[(&residual, &shape)]).unwrap();
+            let [h, wa] = window.axes(&xs[2..], &ws[2..]).unwrap()[..] else { unreachable!() };
+            for kernel in dense_kernels() {
+                if kernel == Dense::Columns && wa.output < LANES {
+                    continue;
+                }
+                let runs: Vec<Vec<f32>> = [1, 2].iter().map(|&threads| {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    pool.install(|| run_dense(kernel, &x, xs, &w, ws, &b, h, wa, Some(&bound)))
+                }).collect();
+                assert!(runs[0].iter().zip(&runs[1]).all(|(p, q)| p.to_bits() == q.to_bits()), "case {k}, {kernel:?}: 1 and 2 threads differ");
+                for (i, (g, e)) in runs[0].iter().zip(&want).enumerate() {
+                    assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, {kernel:?}, element {i}: {g} vs {e}");
+                }
+            }
         }
     }
 
