@@ -438,13 +438,16 @@ enum Dense {
 }
 
 /// The kernel for a dense 2-D convolution of `mg` output channels per group, `taps` weights
-/// per output channel (input channels times kernel taps) and output rows `ow` wide, on this
-/// CPU.
+/// per output channel (input channels times kernel taps) and `oh` output rows `ow` wide, on
+/// this CPU.
 ///
-/// With AVX-512F and AVX-512VL: [`Dense::Channels`] for rows narrower than one 16-column
-/// chunk (twice as fast as [`Dense::Tiled`] there), else whichever of [`Dense::Channels`]
-/// and [`Dense::Columns`] has the lower estimated cost, lanes computed times the work per
-/// lane (constants measured on Zen 4, where the estimate is within a few percent):
+/// With AVX-512F and AVX-512VL, for rows narrower than one 16-column chunk:
+/// [`Dense::Channels`] when the output has at least 64 positions (up to twice as fast as
+/// [`Dense::Tiled`] there), else [`Dense::Tiled`] (packing the weights for the direct
+/// kernels, on every call, then costs more than it saves). For wider rows, whichever of
+/// [`Dense::Channels`] and [`Dense::Columns`] has the lower estimated cost, lanes computed
+/// times the work per lane (constants measured on Zen 4, where the estimate is within a
+/// few percent):
 /// - [`Dense::Columns`] computes `mg` rounded up to 8 channels by `ow` rounded up to 32
 ///   columns (16 when it fits one chunk), each costing `taps + 1` (the 1: stores);
 /// - [`Dense::Channels`] computes `ow` rounded up to 16 columns, except that a last chunk of
@@ -459,14 +462,14 @@ enum Dense {
 /// channels of 160 columns). Without AVX-512F and AVX-512VL: [`Dense::Columns`] when rows
 /// hold at least one 16-column chunk and the CPU has AVX-512F or AVX2 and FMA; else
 /// [`Dense::Tiled`].
-fn dense_kernel(mg: usize, ow: usize, taps: usize) -> Dense {
+fn dense_kernel(mg: usize, oh: usize, ow: usize, taps: usize) -> Dense {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
         let avx512 = has!("avx512f");
         if avx512 && has!("avx512vl") {
             if ow < LANES {
-                return Dense::Channels;
+                return if oh * ow >= 64 { Dense::Channels } else { Dense::Tiled };
             }
             let columns = (mg.next_multiple_of(DIRECT_MB) * if ow == LANES { LANES } else { ow.next_multiple_of(2 * LANES) }) as f64 * (taps as f64 + 1.0);
             let last = ow % LANES;
@@ -481,7 +484,7 @@ fn dense_kernel(mg: usize, ow: usize, taps: usize) -> Dense {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (mg, ow, taps);
+    let _ = (mg, oh, ow, taps);
     Dense::Tiled
 }
 
@@ -529,7 +532,7 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
         geo.fill_into(channel, buf);
     });
     let taps = cg * h.kernel * wa.kernel;
-    let lines = pack_direct(weights, mg, taps, mb);
+    let lines = if channels { pack_direct::<BCAST_MB>(weights, mg, taps) } else { pack_direct::<DIRECT_MB>(weights, mg, taps) };
     let packed: &[f32] = bytemuck::cast_slice(&lines);
     // The sums start at the bias, so blocks are finished without it.
     let ch0 = (base / plane) % fin.channels;
@@ -579,17 +582,17 @@ fn conv_direct(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: u
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
-/// Weights `[mg x taps]` packed for the direct kernels: blocks of `mb` (a divisor of 16)
-/// output channels, each `[taps][mb]` (channels past `mg` zero), in lines of
-/// [`Line`] (the last one padded with zeros).
-fn pack_direct(weights: &[f32], mg: usize, taps: usize, mb: usize) -> Vec<Line> {
-    let blocks = mg.div_ceil(mb);
-    let mut lines = vec![Line([0.0; 16]); (blocks * taps * mb).div_ceil(16)];
+/// Weights `[mg x taps]` packed for the direct kernels: blocks of `MB` (a divisor of 16)
+/// output channels, each `[taps][MB]` (channels past `mg` zero), in lines of [`Line`] (the
+/// last one padded with zeros).
+fn pack_direct<const MB: usize>(weights: &[f32], mg: usize, taps: usize) -> Vec<Line> {
+    let blocks = mg.div_ceil(MB);
+    let mut lines = vec![Line([0.0; 16]); (blocks * taps * MB).div_ceil(16)];
     let packed: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
-    for m in 0..mg {
-        let (blk, lane) = (m / mb, m % mb);
-        for t in 0..taps {
-            packed[(blk * taps + t) * mb + lane] = weights[m * taps + t];
+    for (m, row) in weights[..mg * taps].chunks_exact(taps).enumerate() {
+        let block = &mut packed[m / MB * taps * MB..(m / MB + 1) * taps * MB];
+        for (dst, &v) in block.chunks_exact_mut(MB).zip(row) {
+            dst[m % MB] = v;
         }
     }
     lines
@@ -673,8 +676,8 @@ unsafe fn direct_rows_avx512<const NX: usize>(geo: &Padded, padded: &[f32], cg: 
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX-512VL; `padded` holds `cg` channels in `geo`'s
-/// layout (built with one chunk of [`LANES`] columns) and `packed` the weights as [`pack_direct`] packs
-/// them in blocks of [`BCAST_MB`]; the rows `rows` of the `mg` planes at `out` are valid for
+/// layout (built with one chunk of [`LANES`] columns) and `packed` the weights as
+/// [`pack_direct`] packs them in blocks of [`BCAST_MB`]; the rows `rows` of the `mg` planes at `out` are valid for
 /// writes and written by nothing else meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl")]
@@ -1058,7 +1061,7 @@ fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa
                 } else if pointwise {
                     conv_pointwise(src, kdim, plane, wg, mg, out, base, fin);
                 } else {
-                    match dense_kernel(mg, wa.output, kdim) {
+                    match dense_kernel(mg, h.output, wa.output, kdim) {
                         Dense::Tiled => conv_tiled(src, cg, &[h, wa], wg, mg, out, base, fin),
                         kernel => conv_direct(src, cg, h, wa, wg, mg, out, base, fin, kernel),
                     }
