@@ -236,6 +236,20 @@ fn round_to(dtype: DType, x: f32) -> f32 {
     }
 }
 
+/// `[batch, heads, seq, head]` values laid out as `[batch, seq, heads · head]`.
+pub(super) fn heads_to_sequence(y: &[f32], batch: usize, heads: usize, seq: usize, head: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(y.len());
+    for b in 0..batch {
+        for s in 0..seq {
+            for h in 0..heads {
+                let at = ((b * heads + h) * seq + s) * head;
+                out.extend_from_slice(&y[at..at + head]);
+            }
+        }
+    }
+    out
+}
+
 /// `batch` products written to consecutive `m x n` blocks of `out`: block `p` is
 /// `a(p) · b(p)` (`k` the shared dimension), split across threads by block when there are
 /// enough blocks, else within each product.
@@ -483,16 +497,7 @@ fn run_attention(a: &AttentionAttrs, ins: &[Option<&Tensor>], nonpad: Option<&Te
         |p| v_layout.matrix(v_src, p / q_heads, p % q_heads / group));
 
     let y = if ql.packed {
-        let mut packed = Vec::with_capacity(y_len);
-        for b in 0..batch {
-            for s in 0..q_seq {
-                for h in 0..q_heads {
-                    let at = ((b * q_heads + h) * q_seq + s) * v_head_size;
-                    packed.extend_from_slice(&y[at..at + v_head_size]);
-                }
-            }
-        }
-        from_f32(q.dtype(), &[batch, q_seq, q_heads * v_head_size], packed)?
+        from_f32(q.dtype(), &[batch, q_seq, q_heads * v_head_size], heads_to_sequence(&y, batch, q_heads, q_seq, v_head_size))?
     } else {
         from_f32(q.dtype(), &[batch, q_heads, q_seq, v_head_size], y)?
     };

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use qforge_ir::{Tensor, MS_DOMAIN};
 
-use super::attention::{batched_products, checked_len, concat_cache, masked_softmax, positive_attr, rotary_dim_attr, rotate, Heads};
+use super::attention::{batched_products, checked_len, concat_cache, masked_softmax, heads_to_sequence, positive_attr, rotary_dim_attr, rotate, Heads};
 use super::elementwise::{from_f32, to_f32};
 use super::gemm::{sgemm, MatRef};
 use super::util::{input, ints, kernel, min_items, opt_input, par_chunks_mut, ELEMENT_WORK};
@@ -172,16 +172,7 @@ fn attend(q: &[f32], k: &[f32], v: &[f32], d: Dims, scale: f32, mask: Option<&[f
     batched_products(&mut y, q_seq, v_head_size, total,
         |p| MatRef::rows(&scores[p * p_block..(p + 1) * p_block], total),
         |p| MatRef::rows(&v[p * v_block..(p + 1) * v_block], v_head_size));
-    let mut out = Vec::with_capacity(out_len);
-    for b in 0..batch {
-        for s in 0..q_seq {
-            for h in 0..heads {
-                let at = ((b * heads + h) * q_seq + s) * v_head_size;
-                out.extend_from_slice(&y[at..at + v_head_size]);
-            }
-        }
-    }
-    Ok(out)
+    Ok(heads_to_sequence(&y, batch, heads, q_seq, v_head_size))
 }
 
 /// The attention attributes both operators share.
