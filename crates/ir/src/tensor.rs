@@ -190,18 +190,27 @@ impl Tensor {
 
     /// Signed 4-bit values (each in [-8, 7]) packed two per byte, first element in the low nibble.
     pub fn from_i4(shape: &[usize], values: &[i8]) -> IrResult<Tensor> {
-        Self::pack_nibbles(DType::I4, shape, values.iter().map(|&v| v as u8 & 0x0f), values.len())
+        Self::from_packed(DType::I4, shape, values.iter().map(|&v| v as i64))
     }
 
     /// Unsigned 4-bit values (each in [0, 15]) packed two per byte, first element in the low nibble.
     pub fn from_u4(shape: &[usize], values: &[u8]) -> IrResult<Tensor> {
-        Self::pack_nibbles(DType::U4, shape, values.iter().map(|&v| v & 0x0f), values.len())
+        Self::from_packed(DType::U4, shape, values.iter().map(|&v| v as i64))
     }
 
-    fn pack_nibbles(dtype: DType, shape: &[usize], nibbles: impl Iterator<Item = u8>, n: usize) -> IrResult<Tensor> {
-        let mut raw = vec![0u8; n.div_ceil(2)];
-        for (i, v) in nibbles.enumerate() {
-            raw[i / 2] |= v << (4 * (i % 2));
+    /// A tensor of a sub-byte integer type (`I4`, `U4`, `I2`, `U2`) from its values, each
+    /// kept modulo `2^bits` (two's complement, so in-range values are exact and others wrap,
+    /// as ONNX `Cast` to these types does), packed from the low bits of each byte up.
+    pub fn from_packed(dtype: DType, shape: &[usize], values: impl ExactSizeIterator<Item = i64>) -> IrResult<Tensor> {
+        let bits = dtype.bits();
+        if !matches!(dtype, DType::I4 | DType::U4 | DType::I2 | DType::U2) {
+            return Err(IrError::BadTensor { tensor: String::new(), reason: format!("{dtype} is not a packed integer type") });
+        }
+        let n = values.len();
+        let (per_byte, mask) = (8 / bits, (1u8 << bits) - 1);
+        let mut raw = vec![0u8; n.div_ceil(per_byte)];
+        for (i, v) in values.enumerate() {
+            raw[i / per_byte] |= (v as u8 & mask) << (bits * (i % per_byte));
         }
         let t = Self::from_raw(dtype, shape, &raw)?;
         if t.len() != n {
@@ -296,16 +305,20 @@ impl Tensor {
         }
     }
 
-    /// Unpacked 4-bit elements, sign-extended for `I4`.
-    pub fn nibbles(&self) -> IrResult<Vec<i8>> {
+    /// Unpacked elements of a sub-byte integer type (`I4`, `U4`, `I2`, `U2`), sign-extended
+    /// for the signed ones.
+    pub fn packed_ints(&self) -> IrResult<Vec<i8>> {
         let raw = match (&*self.data, self.dtype) {
-            (Data::Bytes(b), DType::I4 | DType::U4) => b.as_ref(),
+            (Data::Bytes(b), DType::I4 | DType::U4 | DType::I2 | DType::U2) => b.as_ref(),
             _ => return Err(self.mismatch(DType::I4)),
         };
+        let bits = self.dtype.bits();
+        let (per_byte, mask, shift) = (8 / bits, (1u8 << bits) - 1, 8 - bits as u32);
+        let signed = matches!(self.dtype, DType::I4 | DType::I2);
         Ok((0..self.len())
             .map(|i| {
-                let v = (raw[i / 2] >> (4 * (i % 2))) & 0x0f;
-                if self.dtype == DType::I4 { ((v << 4) as i8) >> 4 } else { v as i8 }
+                let v = (raw[i / per_byte] >> (bits * (i % per_byte))) & mask;
+                if signed { ((v << shift) as i8) >> shift } else { v as i8 }
             })
             .collect())
     }
@@ -328,7 +341,7 @@ impl Tensor {
     }
 
     /// Elements converted to f64, for numeric types that have an exact or natural widening
-    /// (floats, integers, bool, 4-bit). Errors for strings, complex and 8-bit float formats.
+    /// (floats, integers, bool, packed 4- and 2-bit integers). Errors for strings, complex and 8-bit float formats.
     pub fn to_f64_vec(&self) -> IrResult<Vec<f64>> {
         use DType::*;
         Ok(match self.dtype {
@@ -345,7 +358,7 @@ impl Tensor {
             I64 => self.as_slice::<i64>()?.iter().map(|&v| v as f64).collect(),
             U64 => self.as_slice::<u64>()?.iter().map(|&v| v as f64).collect(),
             Bool => self.bools()?.into_iter().map(|b| b as u8 as f64).collect(),
-            I4 | U4 => self.nibbles()?.into_iter().map(|v| if self.dtype == U4 { v as u8 as f64 } else { v as f64 }).collect(),
+            I4 | U4 | I2 | U2 => self.packed_ints()?.into_iter().map(f64::from).collect(),
             other => return Err(self.mismatch(other)),
         })
     }
@@ -363,7 +376,7 @@ impl Tensor {
             U32 => self.as_slice::<u32>()?.iter().map(|&v| v as i64).collect(),
             U64 => self.as_slice::<u64>()?.iter().map(|&v| v as i64).collect(),
             Bool => self.bools()?.into_iter().map(|b| b as i64).collect(),
-            I4 | U4 => self.nibbles()?.into_iter().map(i64::from).collect(),
+            I4 | U4 | I2 | U2 => self.packed_ints()?.into_iter().map(i64::from).collect(),
             other => return Err(self.mismatch(other)),
         })
     }
@@ -414,7 +427,7 @@ mod tests {
     fn int4_packing_matches_onnx_layout() {
         let t = Tensor::from_i4(&[3], &[-1, 7, -8]).unwrap();
         assert_eq!(t.raw_bytes().unwrap(), &[0x7f, 0x08]);
-        assert_eq!(t.nibbles().unwrap(), vec![-1, 7, -8]);
+        assert_eq!(t.packed_ints().unwrap(), vec![-1, 7, -8]);
         let u = Tensor::from_u4(&[2], &[15, 1]).unwrap();
         assert_eq!(u.raw_bytes().unwrap(), &[0x1f]);
         assert_eq!(t.to_i64_vec().unwrap(), vec![-1, 7, -8]);

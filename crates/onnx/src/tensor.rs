@@ -199,7 +199,7 @@ mod tests {
         let t = from_proto(&tp, &mut src()).unwrap();
         assert_eq!(t.to_f64_vec().unwrap(), vec![1.0, -2.0]);
         let tp = proto::TensorProto { dims: vec![3], data_type: Some(22), int32_data: vec![0x7f, 0x08], ..Default::default() };
-        assert_eq!(from_proto(&tp, &mut src()).unwrap().nibbles().unwrap(), vec![-1, 7, -8]);
+        assert_eq!(from_proto(&tp, &mut src()).unwrap().packed_ints().unwrap(), vec![-1, 7, -8]);
         let tp = proto::TensorProto { dims: vec![2], data_type: Some(9), int32_data: vec![1, 0], ..Default::default() };
         assert_eq!(from_proto(&tp, &mut src()).unwrap().bools().unwrap(), vec![true, false]);
     }

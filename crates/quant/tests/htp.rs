@@ -296,7 +296,7 @@ fn block_wise_weights_are_int4_with_block_size() {
         assert_eq!((dq.attr_int("axis"), dq.attr_int("block_size")), (Some(0), Some(block as i64)));
         let data = init(&q, dq.input(0).unwrap());
         assert_eq!(data.dtype(), DType::I4);
-        assert!(data.nibbles().unwrap().iter().all(|v| (-7..=7).contains(v)), "narrow int4 range");
+        assert!(data.packed_ints().unwrap().iter().all(|v| (-7..=7).contains(v)), "narrow int4 range");
         let scales = dq_params(&q, dq).0;
         assert_eq!(scales.shape(), &[128 / block, 8]);
         let s = scales.as_slice::<f32>().unwrap();

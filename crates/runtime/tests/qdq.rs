@@ -45,10 +45,7 @@ fn int_tensor(d: DType, shape: &[usize], v: &[i64]) -> Tensor {
 }
 
 fn ints(t: &Tensor) -> Vec<i64> {
-    match t.dtype() {
-        DType::I4 | DType::U4 => t.nibbles().unwrap().into_iter().map(|v| if t.dtype() == DType::U4 { v as u8 as i64 } else { v as i64 }).collect(),
-        _ => t.to_i64_vec().unwrap(),
-    }
+    t.to_i64_vec().unwrap()
 }
 
 fn dims(s: &[usize]) -> Vec<i64> {

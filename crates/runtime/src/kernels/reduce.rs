@@ -108,10 +108,15 @@ fn reduce_int(op: &str, x: &Tensor, axes: &[usize], out_shape: &[usize]) -> Runt
     let s = x.shape();
     let full: Vec<usize> = s.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
     let (ist, ost) = (super::shape::strides(s), super::shape::strides(&full));
+    // An empty reduction of Max/Min gives the type's lowest/highest value (false/true for bool).
+    let (lowest, highest) = match x.dtype() {
+        DType::Bool => (0, 1),
+        d => d.int_range().unwrap_or((i64::MIN, i64::MAX)),
+    };
     let (init, f): (i64, fn(i64, i64) -> i64) = match op {
         "ReduceSum" | "ReduceMean" => (0, |a, b| a + b),
-        "ReduceMax" => (i64::MIN, |a, b| a.max(b)),
-        "ReduceMin" => (i64::MAX, |a, b| a.min(b)),
+        "ReduceMax" => (lowest, |a, b| a.max(b)),
+        "ReduceMin" => (highest, |a, b| a.min(b)),
         "ReduceProd" => (1, |a, b| a * b),
         "ReduceSumSquare" => (0, |a, b| a + b * b),
         "ReduceL1" => (0, |a, b| a + b.abs()),

@@ -85,6 +85,7 @@ fn from_i64(to: DType, shape: &[usize], v: Vec<i64>) -> RuntimeResult<Tensor> {
         DType::U16 => tensor(shape, v.into_iter().map(|x| x as u16).collect::<Vec<_>>())?,
         DType::U32 => tensor(shape, v.into_iter().map(|x| x as u32).collect::<Vec<_>>())?,
         DType::U64 => tensor(shape, v.into_iter().map(|x| x as u64).collect::<Vec<_>>())?,
+        DType::I4 | DType::U4 | DType::I2 | DType::U2 => Tensor::from_packed(to, shape, v.into_iter()).map_err(err)?,
         d => return Err(kernel_error(format!("cannot cast to {d}"))),
     })
 }
@@ -997,9 +998,19 @@ fn range(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+/// Whether a DepthToSpace/SpaceToDepth node orders the moved channels column-row-depth
+/// (`mode = "CRD"`) rather than depth-column-row (`"DCR"`, the default).
+fn crd_mode(info: &NodeInfo) -> RuntimeResult<bool> {
+    match info.attr_str("mode", "DCR").as_str() {
+        "DCR" => Ok(false),
+        "CRD" => Ok(true),
+        other => Err(info.error(format!("mode must be DCR or CRD, got {other:?}"))),
+    }
+}
+
 fn depth_to_space(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let b = info.attr_int("blocksize", 0).max(1) as usize;
-    let crd = info.attr_str("mode", "DCR") == "CRD";
+    let crd = crd_mode(info)?;
     kernel(move |ins| {
         let x = input(ins, 0)?;
         let [n, c, h, w] = *x.shape() else { return Err(kernel_error("DepthToSpace needs a 4-D input")) };
@@ -1010,12 +1021,18 @@ fn depth_to_space(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     })
 }
 
+/// SpaceToDepth: blocks of `blocksize x blocksize` pixels become channels, ordered
+/// `(row, column, channel)` in DCR mode and `(channel, row, column)` in CRD mode (opset 28).
 fn space_to_depth(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     let b = info.attr_int("blocksize", 0).max(1) as usize;
+    let perm = if crd_mode(info)? { [0, 1, 3, 5, 2, 4] } else { [0, 3, 5, 1, 2, 4] };
     kernel(move |ins| {
         let x = input(ins, 0)?;
         let [n, c, h, w] = *x.shape() else { return Err(kernel_error("SpaceToDepth needs a 4-D input")) };
-        let t = transpose_tensor(&x.reshaped(&[n, c, h / b, b, w / b, b]).map_err(err)?, &[0, 3, 5, 1, 2, 4])?;
+        if h % b != 0 || w % b != 0 {
+            return Err(kernel_error(format!("SpaceToDepth input {:?} is not divisible into {b}x{b} blocks", x.shape())));
+        }
+        let t = transpose_tensor(&x.reshaped(&[n, c, h / b, b, w / b, b]).map_err(err)?, &perm)?;
         Ok(vec![t.reshaped(&[n, c * b * b, h / b, w / b]).map_err(err)?])
     })
 }
