@@ -63,7 +63,8 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
         /// Calibration data: a folder of sample folders (<sample>/<input>.npy, optional
-        /// manifest.json), one stacked .npz, or a folder of .npz files (one per sample).
+        /// manifest.json), one stacked .npz, a folder of .npz files (one per sample), or a
+        /// folder of PNG/JPEG images with a preprocess.toml.
         #[arg(long, value_name = "PATH")]
         calibration_data: PathBuf,
         #[command(flatten)]

@@ -15,6 +15,7 @@ use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 use serde::Deserialize;
 
+use crate::images::{self, ImagePlan};
 use crate::{read_npy, read_npz, DataError, DataResult};
 
 /// What the model declares for one input, for validation.
@@ -46,6 +47,8 @@ enum Layout {
     /// (input, stacked array, whether axis 0 is the model's batch axis).
     Stacked(Vec<(usize, Tensor, bool)>),
     NpzFiles(Vec<PathBuf>),
+    /// Image files, each one feed of one input, by a resolved `preprocess.toml`.
+    Images(Vec<PathBuf>, ImagePlan),
 }
 
 /// One `.npy` file of a sample folder, with what the manifest (if any) says it holds.
@@ -249,7 +252,7 @@ impl CalibrationSet {
     pub fn open(path: &Path, inputs: &[ModelInput]) -> DataResult<CalibrationSet> {
         if !path.exists() {
             return Err(fail(path, None, None, "does not exist; pass a directory of sample folders, \
-                a directory of .npz files or a stacked .npz file"));
+                a directory of .npz files, a stacked .npz file or a directory of images with a preprocess.toml"));
         }
         let (names, layout) = if path.is_file() {
             Self::open_stacked(path, inputs)?
@@ -355,6 +358,11 @@ impl CalibrationSet {
         let dirs: Vec<&String> = all.iter().filter(|e| e.1).map(|e| &e.0).collect();
         if dirs.is_empty() {
             let npz: Vec<String> = all.iter().filter(|(n, d)| !d && n.to_ascii_lowercase().ends_with(".npz")).map(|e| e.0.clone()).collect();
+            let files: Vec<String> = all.iter().filter(|e| !e.1).map(|e| e.0.clone()).collect();
+            let pictures = images::image_files(&files);
+            if npz.is_empty() && (!pictures.is_empty() || files.iter().any(|f| f == images::SPEC_FILE)) {
+                return Self::open_images(root, inputs, pictures);
+            }
             if npz.is_empty() {
                 let hint = if all.iter().any(|(n, _)| n.ends_with(".npy")) {
                     "; it holds .npy files directly: put each sample's files in its own subfolder"
@@ -390,6 +398,20 @@ impl CalibrationSet {
         Ok((dirs.into_iter().cloned().collect(), Layout::Folders(samples)))
     }
 
+    fn open_images(root: &Path, inputs: &[ModelInput], pictures: Vec<String>) -> DataResult<(Vec<String>, Layout)> {
+        let spec_path = root.join(images::SPEC_FILE);
+        if !spec_path.is_file() {
+            return Err(fail(root, None, None, format!("holds {} image files but no {}; add one saying how images \
+                become the model input, e.g.\n  resize_shorter = 256\n  center_crop = [224, 224]\n  \
+                mean = [0.485, 0.456, 0.406]\n  std = [0.229, 0.224, 0.225]\n(see the README, 'Calibration data')",
+                pictures.len(), images::SPEC_FILE)));
+        }
+        let (path, spec) = images::read_spec(root).map_err(|(p, r)| fail(&p, None, None, r))?;
+        let plan = ImagePlan::new(&spec, inputs).map_err(|r| fail(&path, None, None, r))?;
+        let files = pictures.iter().map(|n| root.join(n)).collect();
+        Ok((pictures, Layout::Images(files, plan)))
+    }
+
     /// The number of samples (at least one once opened).
     pub fn len(&self) -> usize {
         self.names.len()
@@ -412,8 +434,11 @@ impl CalibrationSet {
     }
 
     /// What the loader reads differently from the layout's plain rule, one line each: stacked
-    /// arrays split along the model's batch axis.
+    /// arrays split along the model's batch axis, or how images become the input.
     pub fn notes(&self) -> Vec<String> {
+        if let Layout::Images(_, plan) = &self.layout {
+            return vec![plan.describe(&self.inputs[plan.input].name)];
+        }
         let Layout::Stacked(arrays) = &self.layout else { return vec![] };
         arrays.iter().filter(|(_, _, b)| *b).map(|(i, t, _)| {
             let one = [&[1], &t.shape()[1..]].concat();
@@ -422,12 +447,13 @@ impl CalibrationSet {
         }).collect()
     }
 
-    /// The detected layout: `"sample folders"`, `"stacked npz"` or `"npz per sample"`.
+    /// The detected layout: `"sample folders"`, `"stacked npz"`, `"npz per sample"` or `"images"`.
     pub fn layout(&self) -> &'static str {
         match self.layout {
             Layout::Folders(_) => "sample folders",
             Layout::Stacked(_) => "stacked npz",
             Layout::NpzFiles(_) => "npz per sample",
+            Layout::Images(..) => "images",
         }
     }
 
@@ -466,6 +492,10 @@ impl CalibrationSet {
                     .map_err(|e| fail(&self.root, Some(sample), Some(&self.inputs[*input].name), e.to_string()))?;
                 Ok((*input, t, self.root.clone()))
             }).collect::<DataResult<_>>()?,
+            Layout::Images(files, plan) => {
+                let t = plan.load(&files[i]).map_err(|r| fail(&files[i], Some(sample), Some(&self.inputs[plan.input].name), r))?;
+                vec![(plan.input, t, files[i].clone())]
+            }
             Layout::NpzFiles(paths) => {
                 let arrays = read_npz_checked(&paths[i], Some(sample))?;
                 let keys: Vec<String> = arrays.iter().map(|(k, _)| k.clone()).collect();

@@ -1,7 +1,9 @@
 //! Tensor files: NumPy `.npy` arrays and `.npz` archives, read into and written from
-//! [`qforge_ir::Tensor`], and calibration data sets built from them ([`CalibrationSet`]).
+//! [`qforge_ir::Tensor`], and calibration data sets built from them or from images with a
+//! preprocessing spec ([`CalibrationSet`]).
 
 mod calib;
+pub mod images;
 mod npy;
 mod npz;
 
