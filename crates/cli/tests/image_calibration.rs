@@ -151,6 +151,11 @@ fn bad_image_sets_name_the_file_and_the_fix() {
     std::fs::write(broken.join("zz.jpg"), b"not a jpeg").unwrap();
     let e = err(&broken, &rgb);
     assert!(e.contains("zz.jpg") && e.contains("PNG or JPEG"), "{e}");
+    let empty = root.join("spec_only");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::write(empty.join("preprocess.toml"), "mean = [0.5]\nstd = [0.5]\n").unwrap();
+    let e = err(&empty, &rgb);
+    assert!(e.contains("no image") && e.contains(".png"), "{e}");
     let two = vec![rgb[0].clone(), ModelInput { name: "scale".into(), dtype: Some(DType::F32), dims: Some(vec![]), required: true }];
     let e = err(&fresh("two_inputs", Some("input = \"x\"\nmean = [0.5]\nstd = [0.5]\n")), &two);
     assert!(e.contains("'scale'") && e.contains("sample folders"), "{e}");

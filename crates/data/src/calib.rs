@@ -406,6 +406,9 @@ impl CalibrationSet {
                 mean = [0.485, 0.456, 0.406]\n  std = [0.229, 0.224, 0.225]\n(see the README, 'Calibration data')",
                 pictures.len(), images::SPEC_FILE)));
         }
+        if pictures.is_empty() {
+            return Err(fail(root, None, None, format!("holds {} but no image; add .png or .jpg files next to it", images::SPEC_FILE)));
+        }
         let (path, spec) = images::read_spec(root).map_err(|(p, r)| fail(&p, None, None, r))?;
         let plan = ImagePlan::new(&spec, inputs).map_err(|r| fail(&path, None, None, r))?;
         let files = pictures.iter().map(|n| root.join(n)).collect();
