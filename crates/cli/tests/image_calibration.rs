@@ -82,6 +82,14 @@ fn images_are_preprocessed_as_pillow_does() {
     check_case(root, "exact_bgr_nhwc", &input(DType::F32, [None, None, None, Some(3)]), 1.0 / 127.5);
     check_case(root, "gray_upscale", &input(DType::F32, [Some(1), Some(1), None, None]), 1.0 / 255.0 / 0.5);
     check_case(root, "orientation", &input(DType::F32, [None, Some(3), Some(224), Some(224)]), 1.0 / 255.0 / 0.229);
+    let set = CalibrationSet::open(&root.join("shorter_crop_imagenet"), &input(DType::F16, [Some(1), Some(3), None, None])).unwrap();
+    let want = read_npz(&root.join("shorter_crop_imagenet.expected.npz")).unwrap();
+    let png = (0..set.len()).find(|&i| set.sample_name(i).ends_with(".png")).unwrap();
+    let got = set.load(png).unwrap().remove(0).1;
+    assert_eq!(got.dtype(), DType::F16, "a float16 input gets float16 pixels");
+    let exp = &want.iter().find(|(k, _)| k == set.sample_name(png)).unwrap().1;
+    let (worst, ok) = compare(&got, exp, 1.0 / 1024.0, 0.0);
+    assert!(ok, "float16 pixels are Pillow's rounded to half precision: {worst}");
     check_case(root, "uint8_model_size", &input(DType::U8, [Some(1), Some(3), Some(33), Some(47)]), 1.0);
 }
 

@@ -85,6 +85,8 @@ pub struct ImagePlan {
     /// `(scale, mean per channel, std per channel)` for a float input; `None` feeds the
     /// 8-bit pixels as they are (a uint8 input).
     normalize: Option<(f32, Vec<f32>, Vec<f32>)>,
+    /// Whether the float input is float16 (normalized in float32, then rounded).
+    half: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -159,7 +161,7 @@ impl ImagePlan {
                 }
                 None
             }
-            Some(DType::F32) | None => {
+            Some(DType::F32 | DType::F16) | None => {
                 let (Some(mean), Some(std)) = (&spec.mean, &spec.std) else {
                     return Err(format!("input '{}' is float: say how pixels are normalized, with mean = [...] and std = [...] \
                         applied to pixel * scale (scale defaults to 1/255), e.g. ImageNet's mean = [0.485, 0.456, 0.406], \
@@ -182,9 +184,10 @@ impl ImagePlan {
                 }
                 Some((scale, mean, std))
             }
-            Some(d) => return Err(format!("input '{}' is {d}; images feed float32 or uint8 inputs", m.name)),
+            Some(d) => return Err(format!("input '{}' is {d}; images feed float32, float16 or uint8 inputs", m.name)),
         };
-        Ok(ImagePlan { input, color: spec.color, resize, crop: spec.center_crop, layout, normalize })
+        let half = m.dtype == Some(DType::F16);
+        Ok(ImagePlan { input, color: spec.color, resize, crop: spec.center_crop, layout, normalize, half })
     }
 
     /// One line saying what the plan does, for the summary.
@@ -268,10 +271,17 @@ impl ImagePlan {
         let n = pixels.len();
         let t = match &self.normalize {
             None => Tensor::from_vec(&shape, (0..n).map(|i| pixels[hwc_index(i)]).collect::<Vec<u8>>()),
-            Some((scale, mean, std)) => Tensor::from_vec(&shape, (0..n).map(|i| {
-                let c = channel_of(i);
-                (pixels[hwc_index(i)] as f32 * scale - mean[c]) / std[c]
-            }).collect::<Vec<f32>>()),
+            Some((scale, mean, std)) => {
+                let value = |i: usize| {
+                    let c = channel_of(i);
+                    (pixels[hwc_index(i)] as f32 * scale - mean[c]) / std[c]
+                };
+                if self.half {
+                    Tensor::from_vec(&shape, (0..n).map(|i| half::f16::from_f32(value(i))).collect::<Vec<_>>())
+                } else {
+                    Tensor::from_vec(&shape, (0..n).map(value).collect::<Vec<f32>>())
+                }
+            }
         };
         t.map_err(|e| e.to_string())
     }
