@@ -72,7 +72,7 @@ fn report(model: &Model, path: &Path) -> Json {
     let registry = Registry::builtin();
     let mut w = Walk {
         model,
-        registry: &registry,
+        registry,
         ops: BTreeMap::new(),
         params: 0,
         param_bytes: 0,

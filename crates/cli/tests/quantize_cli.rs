@@ -3,7 +3,7 @@
 //! the input model untouched; bad calibration data and bad arguments give errors that name the
 //! sample, the input and the problem, and write nothing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use qforge_ir::Tensor;
@@ -67,7 +67,7 @@ fn quantizes_a_real_model_and_reports_every_float_node() {
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&out2).unwrap());
 }
 
-fn expect_error(args: &[&std::ffi::OsStr], out: &PathBuf, needles: &[&str]) {
+fn expect_error(args: &[&std::ffi::OsStr], out: &Path, needles: &[&str]) {
     let o = qforge(args);
     let e = stderr(&o);
     assert!(!o.status.success(), "expected failure, got success: {e}");

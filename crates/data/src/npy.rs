@@ -29,7 +29,7 @@ fn descr(dtype: DType) -> Option<&'static str> {
 }
 
 fn dtype_of_descr(d: &str) -> Option<DType> {
-    let norm = d.replace('=', "<").replace('|', "<");
+    let norm = d.replace(['=', '|'], "<");
     DType::ALL.into_iter().find(|t| descr(*t).is_some_and(|x| x.replace('|', "<") == norm))
 }
 

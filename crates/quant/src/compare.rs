@@ -605,7 +605,7 @@ fn has_non_finite(t: &Tensor) -> bool {
 /// documentation describes. `progress(done, total)` is called after each sample. Neither model
 /// is modified.
 pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<Comparison, CompareError> {
-    if samples.len() == 0 {
+    if samples.is_empty() {
         return Err(CompareError::NoSamples);
     }
     let fused = fused(float).map_err(|reason| CompareError::Model { model: "float", reason })?;

@@ -93,7 +93,7 @@ impl Pattern {
     fn match_rec(&self, g: &Graph, id: NodeId, anchor: bool, out: &mut Vec<NodeId>) -> bool {
         let Pattern::Op { ops, inputs } = self else { return true };
         let Ok(node) = g.node(id) else { return false };
-        if !(node.domain.is_empty() || node.domain == "ai.onnx") || !ops.iter().any(|o| *o == node.op_type) {
+        if !(node.domain.is_empty() || node.domain == "ai.onnx") || !ops.contains(&node.op_type) {
             return false;
         }
         if !anchor {

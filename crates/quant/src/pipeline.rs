@@ -60,6 +60,9 @@ pub fn lower(m: &mut Model, report: &mut Report) -> Result<(), QuantizeError> {
 /// workers, so it is `Sync`.
 pub trait SampleSource: Sync {
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// A name for messages (a folder, file or index).
     fn name(&self, i: usize) -> String;
     /// Sample `i` as (input name, tensor) pairs.
@@ -200,7 +203,7 @@ pub fn fuse(m: &mut Model) -> Result<Fused, String> {
 /// `samples`; when Concats come out narrow and the quantizer widens them
 /// ([`widen_narrow_concats`]), annotates and calibrates once more.
 pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Calibrated, QuantizeError> {
-    if samples.len() == 0 {
+    if samples.is_empty() {
         return Err(QuantizeError::NoSamples);
     }
     already_quantized(model)?;

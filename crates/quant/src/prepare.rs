@@ -138,7 +138,7 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 /// The spec behind an edge, following shared specs.
-pub(crate) fn resolve<'a>(a: &'a Annotations, e: Edge, depth: usize) -> Option<&'a Spec> {
+pub(crate) fn resolve(a: &Annotations, e: Edge, depth: usize) -> Option<&Spec> {
     match a.spec(e)? {
         Spec::Shared(other) if depth < 64 => resolve(a, *other, depth + 1),
         s => Some(s),

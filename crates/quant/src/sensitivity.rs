@@ -434,7 +434,7 @@ pub fn analyze(c: &Calibrated, samples: &dyn SampleSource, threads: usize, progr
 
 /// [`analyze`], also returning the units and the switchboard for further trials.
 fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize, progress: &mut Progress) -> Result<(Sensitivity, Vec<Unit>, Switchboard), SensitivityError> {
-    if samples.len() == 0 {
+    if samples.is_empty() {
         return Err(QuantizeError::NoSamples.into());
     }
     let started = Instant::now();
@@ -457,7 +457,7 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
         let (quant_out, quant_run) = board.run_keeping(feed, &all_on).map_err(&fail)?;
         all_quantized.add(&float_out, &quant_out);
         let next = AtomicUsize::new(0);
-        let trial = |u: usize| -> Result<(usize, Vec<(String, Tensor)>, Vec<(String, Tensor)>), String> {
+        let trial = |u: usize| -> Result<(usize, NamedTensors, NamedTensors), String> {
             let mut off = all_off.clone();
             off[u] = false;
             let quantized = board.run_from(&float_run, u, &off)?;
@@ -528,12 +528,18 @@ pub struct SampleOutputs {
     pub trial: Vec<(String, Tensor)>,
 }
 
+/// Named tensors: a feed or a run's outputs, in graph order.
+type NamedTensors = Vec<(String, Tensor)>;
+
+/// Scores a trial from the outputs of every sample (lower is better).
+pub type BudgetError<'a> = Box<dyn Fn(&[SampleOutputs]) -> f64 + 'a>;
+
 /// An accuracy budget: `error` scores a trial from the outputs of every sample (lower is
 /// better) and the budget is met when the score is at most `max_error`.
 pub struct Budget<'a> {
     /// What `error` measures, for the report.
     pub metric: String,
-    pub error: Box<dyn Fn(&[SampleOutputs]) -> f64 + 'a>,
+    pub error: BudgetError<'a>,
     pub max_error: f64,
 }
 

@@ -120,7 +120,7 @@ fn initializers_listed_as_inputs_are_quantized_as_constants() {
     let build = |as_inputs: bool| {
         let mut g = Graph::new("g");
         let x = input(&mut g, "x", &[1, 3, 8, 8]);
-        let mut constant = |g: &mut Graph, name: &str, t: Tensor| {
+        let constant = |g: &mut Graph, name: &str, t: Tensor| {
             if as_inputs {
                 let v = g.add_input(name, None).unwrap();
                 g.set_initializer(v, t).unwrap();

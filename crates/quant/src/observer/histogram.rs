@@ -403,7 +403,7 @@ mod tests {
         // of the block or of the interleave; indices in f32 (exp <= 0, small grid) and in f64
         // (exp > 0, or a grid far from zero whose indices pass 2^24).
         let mut d = data(3001, 11);
-        d.extend(std::iter::repeat(0.0).take(1037));
+        d.extend(std::iter::repeat_n(0.0, 1037));
         d.extend(data(5, 3).iter().map(|v| -v));
         let far: Vec<f32> = d.iter().map(|v| v + 3.0e4).collect();
         for (d, exp) in [(&d, -12), (&d, -5), (&d, 0), (&d, 2), (&far, -12), (&far, -9)] {

@@ -441,8 +441,8 @@ fn split_count(cx: &mut Cx) -> Result<Option<String>, String> {
     Ok(Some(format!("num_outputs = {n}")))
 }
 
-/// Softmax/LogSoftmax/Hardmax at 13: the old op flattens the input to 2-D at `axis` (default
-/// 1) and normalizes each row; the new one works along `axis` (default -1). When `axis` is
+/// Softmax/LogSoftmax/Hardmax at 13: the old op flattens the input to 2-D at `axis`
+/// (default 1) and normalizes each row; the new one works along `axis` (default -1). When `axis` is
 /// the last axis (-1, or rank - 1 with the rank known) the two agree and `axis` is written
 /// explicitly; otherwise the op is wrapped as Flatten(axis) -> op(axis = -1) -> Reshape to
 /// Shape(input) (with `allowzero` at 14+ so empty dimensions survive).
