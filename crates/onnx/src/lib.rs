@@ -20,7 +20,8 @@ mod save;
 mod tensor;
 mod types;
 
-/// The protobuf types generated from `proto/onnx-ml.proto` (onnx 1.23, IR version 14).
+/// The protobuf types generated from `proto/onnx-ml.proto` and `proto/onnx-data.proto` (onnx
+/// 1.23, IR version 14).
 #[allow(clippy::all, missing_docs)]
 pub mod proto {
     include!("generated/onnx.rs");

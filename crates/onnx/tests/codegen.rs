@@ -1,5 +1,6 @@
 //! The committed protobuf bindings (`src/generated/onnx.rs`) are exactly what prost-build
-//! generates from the vendored `proto/onnx-ml.proto` (onnx 1.23, IR version 14).
+//! generates from the vendored `proto/onnx-ml.proto` and `proto/onnx-data.proto` (onnx 1.23,
+//! IR version 14; `onnx-data.proto` imports `onnx-ml.proto` from its own folder).
 //! Regenerate with `QFORGE_REGENERATE=1 cargo test -p qforge-onnx --test codegen`.
 
 use std::path::Path;
@@ -7,7 +8,7 @@ use std::path::Path;
 #[test]
 fn generated_bindings_are_current() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let fds = protox::compile(["onnx-ml.proto"], [root.join("proto")]).expect("the vendored proto compiles");
+    let fds = protox::compile(["onnx-ml.proto", "onnx-data.proto"], [root.join("proto")]).expect("the vendored proto compiles");
     let out = std::env::temp_dir().join(format!("qforge-codegen-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     // Tensor bytes decode as slices of the model file's buffer and encode from tensors' own

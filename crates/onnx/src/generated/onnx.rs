@@ -1310,3 +1310,219 @@ impl OperatorStatus {
         }
     }
 }
+/// Sequences
+///
+/// Defines a dense, ordered, collection of elements that are of homogeneous types.
+/// Sequences can be made out of tensors, maps, or sequences.
+///
+/// If a sequence is made out of tensors, the tensors must have the same element
+/// type (i.e. int32). In some cases, the tensors in a sequence can have different
+/// shapes.  Whether the tensors can have different shapes or not depends on the
+/// type/shape associated with the corresponding "ValueInfo". For example,
+/// "Sequence<Tensor<float, \[M,N\]>" means that all tensors have same shape. However,
+/// "Sequence<Tensor<float, \[omitted,omitted\]>" means they can have different
+/// shapes (all of rank 2), where "omitted" means the corresponding dimension has
+/// no symbolic/constant value. Finally, "Sequence<Tensor<float, omitted>>" means
+/// that the different tensors can have different ranks, when the "shape" itself
+/// is omitted from the tensor-type. For a more complete description, refer to
+/// <https://github.com/onnx/onnx/blob/main/docs/IR.md#static-tensor-shapes.>
+///
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SequenceProto {
+    #[prost(string, optional, tag = "1")]
+    pub name: ::core::option::Option<::prost::alloc::string::String>,
+    /// The data type of the element.
+    /// This field MUST have a valid SequenceProto.DataType value
+    #[prost(int32, optional, tag = "2")]
+    pub elem_type: ::core::option::Option<i32>,
+    /// For TensorProto values.
+    /// When this field is present, the elem_type field MUST be TENSOR.
+    #[prost(message, repeated, tag = "3")]
+    pub tensor_values: ::prost::alloc::vec::Vec<TensorProto>,
+    /// For SparseTensorProto values.
+    /// When this field is present, the elem_type field MUST be SPARSE_TENSOR.
+    #[prost(message, repeated, tag = "4")]
+    pub sparse_tensor_values: ::prost::alloc::vec::Vec<SparseTensorProto>,
+    /// For SequenceProto values, allowing sequences to be of themselves.
+    /// When this field is present, the elem_type field MUST be SEQUENCE.
+    #[prost(message, repeated, tag = "5")]
+    pub sequence_values: ::prost::alloc::vec::Vec<SequenceProto>,
+    /// For MapProto values.
+    /// When this field is present, the elem_type field MUST be MAP.
+    #[prost(message, repeated, tag = "6")]
+    pub map_values: ::prost::alloc::vec::Vec<MapProto>,
+    /// For OptionalProto values.
+    /// When this field is present, the elem_type field MUST be Optional.
+    #[prost(message, repeated, tag = "7")]
+    pub optional_values: ::prost::alloc::vec::Vec<OptionalProto>,
+}
+/// Nested message and enum types in `SequenceProto`.
+pub mod sequence_proto {
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum DataType {
+        Undefined = 0,
+        Tensor = 1,
+        SparseTensor = 2,
+        Sequence = 3,
+        Map = 4,
+        Optional = 5,
+    }
+    impl DataType {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Undefined => "UNDEFINED",
+                Self::Tensor => "TENSOR",
+                Self::SparseTensor => "SPARSE_TENSOR",
+                Self::Sequence => "SEQUENCE",
+                Self::Map => "MAP",
+                Self::Optional => "OPTIONAL",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "UNDEFINED" => Some(Self::Undefined),
+                "TENSOR" => Some(Self::Tensor),
+                "SPARSE_TENSOR" => Some(Self::SparseTensor),
+                "SEQUENCE" => Some(Self::Sequence),
+                "MAP" => Some(Self::Map),
+                "OPTIONAL" => Some(Self::Optional),
+                _ => None,
+            }
+        }
+    }
+}
+/// Maps
+///
+/// Specifies an associative table, defined by keys and values.
+/// MapProto is formed with a repeated field of keys (of type INT8, INT16, INT32,
+/// INT64, UINT8, UINT16, UINT32, UINT64, or STRING) and values (of type TENSOR,
+/// SPARSE_TENSOR, SEQUENCE, or MAP). Key types and value types have to remain
+/// the same throughout the instantiation of the MapProto.
+///
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct MapProto {
+    #[prost(string, optional, tag = "1")]
+    pub name: ::core::option::Option<::prost::alloc::string::String>,
+    /// The data type of the key.
+    /// This field MUST have a valid TensorProto.DataType value of
+    /// INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, or STRING
+    #[prost(int32, optional, tag = "2")]
+    pub key_type: ::core::option::Option<i32>,
+    /// Every element of keys has to be one of the following data types
+    /// INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, or STRING.
+    /// The integer cases are represented by the repeated int64 field keys below.
+    #[prost(int64, repeated, packed = "false", tag = "3")]
+    pub keys: ::prost::alloc::vec::Vec<i64>,
+    /// If keys are strings, they are represented by the repeated bytes field
+    /// string_keys below.
+    #[prost(bytes = "vec", repeated, tag = "4")]
+    pub string_keys: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+    /// MapProto values are represented in a SequenceProto of the same length as the
+    /// repeated keys field and have to be one of the following data types
+    /// TENSOR, SPARSE_TENSOR, MAP, SEQUENCE.
+    #[prost(message, optional, tag = "5")]
+    pub values: ::core::option::Option<SequenceProto>,
+}
+/// Optional
+///
+///
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct OptionalProto {
+    #[prost(string, optional, tag = "1")]
+    pub name: ::core::option::Option<::prost::alloc::string::String>,
+    /// The data type of the element, identifies if the OptionalProto value
+    /// is Tensor, Sparse Tensor, Sequence, Map, or Optional.
+    /// The type of the optional value MUST match the elem_type specified.
+    /// This field MUST have a valid OptionalProto.DataType value.
+    #[prost(int32, optional, tag = "2")]
+    pub elem_type: ::core::option::Option<i32>,
+    /// For TensorProto value.
+    /// When this field is present, the elem_type field MUST be TENSOR.
+    #[prost(message, optional, tag = "3")]
+    pub tensor_value: ::core::option::Option<TensorProto>,
+    /// For SparseTensorProto value.
+    /// When this field is present, the elem_type field MUST be SPARSE_TENSOR.
+    #[prost(message, optional, tag = "4")]
+    pub sparse_tensor_value: ::core::option::Option<SparseTensorProto>,
+    /// For SequenceProto value.
+    /// When this field is present, the elem_type field MUST be SEQUENCE.
+    #[prost(message, optional, tag = "5")]
+    pub sequence_value: ::core::option::Option<SequenceProto>,
+    /// For MapProto value.
+    /// When this field is present, the elem_type field MUST be MAP.
+    #[prost(message, optional, tag = "6")]
+    pub map_value: ::core::option::Option<MapProto>,
+    /// For OptionalProto value, allowing optional to be of itself (completeness)
+    /// When this field is present, the elem_type field MUST be OPTIONAL.
+    #[prost(message, optional, boxed, tag = "7")]
+    pub optional_value: ::core::option::Option<
+        ::prost::alloc::boxed::Box<OptionalProto>,
+    >,
+}
+/// Nested message and enum types in `OptionalProto`.
+pub mod optional_proto {
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum DataType {
+        Undefined = 0,
+        Tensor = 1,
+        SparseTensor = 2,
+        Sequence = 3,
+        Map = 4,
+        Optional = 5,
+    }
+    impl DataType {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Undefined => "UNDEFINED",
+                Self::Tensor => "TENSOR",
+                Self::SparseTensor => "SPARSE_TENSOR",
+                Self::Sequence => "SEQUENCE",
+                Self::Map => "MAP",
+                Self::Optional => "OPTIONAL",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "UNDEFINED" => Some(Self::Undefined),
+                "TENSOR" => Some(Self::Tensor),
+                "SPARSE_TENSOR" => Some(Self::SparseTensor),
+                "SEQUENCE" => Some(Self::Sequence),
+                "MAP" => Some(Self::Map),
+                "OPTIONAL" => Some(Self::Optional),
+                _ => None,
+            }
+        }
+    }
+}
