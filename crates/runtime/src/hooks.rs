@@ -24,11 +24,12 @@ pub struct NodeEvent<'a> {
     pub path: &'a [(NodeId, &'static str)],
 }
 
-/// Called for every value as it is produced (graph inputs first), with a borrowed view of the
-/// tensor: values of the main graph, and values inside If/Loop bodies each time the body
-/// runs (with their graph's path). Returning `Some` replaces the value for every later reader
-/// and for the graph outputs; that is how fake quantization runs. Constants folded when the
-/// session was planned are not reported.
+/// Called for every tensor value as it is produced (graph inputs first), with a borrowed view
+/// of the tensor: values of the main graph, and values inside If/Loop bodies each time the
+/// body runs (with their graph's path). Returning `Some` replaces the value for every later
+/// reader and for the graph outputs; that is how fake quantization runs. Constants folded when
+/// the session was planned are not reported, nor are sequences and optionals (a tensor taken
+/// out of one, e.g. by `SequenceAt`, is).
 pub trait Hooks: Send {
     fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor>;
 

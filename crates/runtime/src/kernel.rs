@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use qforge_ir::{Graph, Node, NodeId, OpsetImport, Tensor, ValueType};
 
-use crate::{RuntimeError, RuntimeResult};
+use crate::{kernel_error, RuntimeError, RuntimeResult, Value};
 
 /// What a kernel builder sees of its node.
 pub struct NodeInfo<'a> {
@@ -55,7 +55,7 @@ impl NodeInfo<'_> {
 pub struct RunCtx<'a> {
     /// Looks up a value visible from the node's graph by name: the graph's own values and
     /// those of enclosing graphs. Control-flow kernels hand it to their subgraphs.
-    pub scope: &'a dyn Fn(&str) -> Option<Tensor>,
+    pub scope: &'a dyn Fn(&str) -> Option<Value>,
     /// The run's hooks and the path of the node's graph, when the run has hooks.
     /// Control-flow kernels extend the path and hand it to their subgraphs.
     pub hooks: Option<HookSink<'a>>,
@@ -90,6 +90,45 @@ pub trait Kernel: Send + Sync {
     /// Computes the node's outputs. `inputs[i]` is `None` for an omitted optional input.
     /// Returns one tensor per declared output (omitted optional outputs may be any tensor).
     fn run(&self, inputs: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>>;
+
+    /// The kernel as a [`ValueKernel`], for ops that take or produce sequences or optionals
+    /// (built with [`value_kernel`]): plans run it on values, and [`Kernel::run`] serves the
+    /// callers that hold tensors only. `None` (the default): the op sees tensors only.
+    fn values(&self) -> Option<&dyn ValueKernel> {
+        None
+    }
+}
+
+/// A planned instance of an op that takes or produces values other than tensors (sequences,
+/// optionals), or passes any value on (Identity, control flow).
+pub trait ValueKernel: Send + Sync {
+    /// Computes the node's outputs. `inputs[i]` is `None` for an omitted optional input (an
+    /// empty optional given as input is `Some(Value::Optional(None))`). Returns one value per
+    /// declared output.
+    fn run_values(&self, inputs: &[Option<&Value>], ctx: &RunCtx) -> RuntimeResult<Vec<Value>>;
+}
+
+/// A [`ValueKernel`] as a [`Kernel`]: its [`Kernel::run`] feeds tensors in and fails when an
+/// output is not a tensor.
+struct OnValues<K>(K);
+
+impl<K: ValueKernel> Kernel for OnValues<K> {
+    fn run(&self, inputs: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
+        let values: Vec<Option<Value>> = inputs.iter().map(|t| t.map(|t| Value::Tensor(t.clone()))).collect();
+        let refs: Vec<Option<&Value>> = values.iter().map(Option::as_ref).collect();
+        self.0.run_values(&refs, ctx)?.into_iter().enumerate()
+            .map(|(k, v)| v.into_tensor().map_err(|v| kernel_error(format!("output {k} is {v}, not a tensor"))))
+            .collect()
+    }
+
+    fn values(&self) -> Option<&dyn ValueKernel> {
+        Some(&self.0)
+    }
+}
+
+/// Boxes a [`ValueKernel`] for a [`KernelBuilder`].
+pub fn value_kernel(k: impl ValueKernel + 'static) -> RuntimeResult<Box<dyn Kernel>> {
+    Ok(Box::new(OnValues(k)))
 }
 
 /// Plans a kernel for one node.

@@ -4,7 +4,8 @@
 //!   liveness), run many times with dynamic shapes, on its own thread pool.
 //! * [`Hooks`]: see and replace every produced value (calibration, fake quantization).
 //! * [`Registry`]: kernels by (domain, op type, opset range), one line per op.
-//! * [`Kernel`]: a planned operator instance.
+//! * [`Kernel`]: a planned operator instance; [`ValueKernel`] for ops of sequences and
+//!   optionals ([`Value`]).
 //! * [`lower_qoperator`]: QDQ units rewritten into integer operators; sessions run QDQ models
 //!   through it (after [`fold_constants`]), and `--format qoperator` writes its result.
 
@@ -18,14 +19,16 @@ mod lower_qoperator;
 mod plan;
 pub mod qgemm;
 mod session;
+mod value;
 
 pub use error::{kernel_error, RuntimeError, RuntimeResult};
 pub use fold_constants::fold_constants;
 pub use hooks::{Hooks, NodeEvent, ValueEvent};
 pub use lower_qoperator::{lower_qoperator, lower_qoperator_with, LowerError, LowerLog, LowerOptions, Lowered, NotLowered, Composed};
-pub use kernel::{HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, LATEST};
+pub use kernel::{value_kernel, HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, ValueKernel, LATEST};
 pub use plan::{opset_of, Folding, Plan, StepTime, NONDETERMINISTIC};
 pub use session::{RunValues, Session, SessionOptions};
+pub use value::{Sequence, Value};
 
 /// The domain of operators that only sessions create, in the graphs they plan (never in
 /// models qforge writes).

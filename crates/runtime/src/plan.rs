@@ -6,7 +6,7 @@ use std::sync::Arc;
 use qforge_ir::{Dim, Graph, NodeId, OpsetImport, Tensor, ValueId, ValueKind, ValueType};
 
 use crate::hooks::{Hooks, NodeEvent, ValueEvent};
-use crate::{HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult};
+use crate::{HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult, Value};
 
 /// Ops whose outputs vary from run to run; never folded into constants.
 pub const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
@@ -146,13 +146,25 @@ impl Plan {
             if foldable {
                 let ins: Vec<Option<&Tensor>> = node.inputs.iter().map(|v| v.map(|v| &consts[&(v.0 as usize)])).collect();
                 let no_scope = |_: &str| None;
-                let outs = kernel.run(&ins, &RunCtx { scope: &no_scope, hooks: None }).map_err(|e| locate(e, &label, &node.op_type))?;
-                for (v, t) in node.outputs.iter().zip(outs) {
-                    if let Some(v) = v {
-                        consts.insert(v.0 as usize, t);
+                let ctx = RunCtx { scope: &no_scope, hooks: None };
+                // Constants are tensors: an op of values folds when all it yields is tensors.
+                let outs = match kernel.values() {
+                    None => Some(kernel.run(&ins, &ctx).map_err(|e| locate(e, &label, &node.op_type))?),
+                    Some(vk) => {
+                        let values: Vec<Option<Value>> = ins.iter().map(|t| t.map(|t| Value::Tensor(t.clone()))).collect();
+                        let refs: Vec<Option<&Value>> = values.iter().map(Option::as_ref).collect();
+                        let outs = vk.run_values(&refs, &ctx).map_err(|e| locate(e, &label, &node.op_type))?;
+                        outs.into_iter().map(|v| v.into_tensor().ok()).collect::<Option<Vec<Tensor>>>()
                     }
+                };
+                if let Some(outs) = outs {
+                    for (v, t) in node.outputs.iter().zip(outs) {
+                        if let Some(v) = v {
+                            consts.insert(v.0 as usize, t);
+                        }
+                    }
+                    continue;
                 }
-                continue;
             }
             steps.push(Step {
                 node: id,
@@ -193,13 +205,13 @@ impl Plan {
     }
 
     /// Runs the plan. `feeds[i]` is graph input `i` (`None`: use its default initializer).
-    /// `scope` resolves values of enclosing graphs. `hooks` sees every produced value.
-    pub fn run(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<Tensor>> {
+    /// `scope` resolves values of enclosing graphs. `hooks` sees every produced tensor.
+    pub fn run(&self, feeds: Vec<Option<Value>>, scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<&mut dyn Hooks>) -> RuntimeResult<Vec<Value>> {
         self.run_profiled(feeds, scope, hooks, None)
     }
 
     /// [`Plan::run`], also recording each step's wall time in `profile` when given.
-    pub fn run_profiled(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
+    pub fn run_profiled(&self, feeds: Vec<Option<Value>>, scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Value>> {
         match hooks {
             Some(h) => {
                 let lock = std::sync::Mutex::new(h);
@@ -210,7 +222,7 @@ impl Plan {
     }
 
     /// Runs the plan as a subgraph reached through `hooks.path` (or the main graph).
-    pub(crate) fn run_in(&self, feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Tensor>> {
+    pub(crate) fn run_in(&self, feeds: Vec<Option<Value>>, scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Value>> {
         let mut table = self.start(feeds, scope, hooks)?;
         self.execute(&mut table, scope, hooks, profile, Schedule::All { keep: false })?;
         self.collect_outputs(&table)
@@ -218,7 +230,7 @@ impl Plan {
 
     /// Runs the plan as a main graph and keeps every value: the outputs and the value table
     /// (indexed by value id) for [`Plan::run_from`].
-    pub(crate) fn run_keeping(&self, feeds: Vec<Option<Tensor>>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<Tensor>, Vec<Option<Tensor>>)> {
+    pub(crate) fn run_keeping(&self, feeds: Vec<Option<Value>>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<Value>, Vec<Option<Value>>)> {
         let no_scope = |_: &str| None;
         let lock = std::sync::Mutex::new(hooks);
         let sink = Some(HookSink { hooks: &lock, path: &[] });
@@ -230,7 +242,7 @@ impl Plan {
     /// Re-runs part of a main-graph run from its value table `base` (of [`Plan::run_keeping`]):
     /// the steps of the `dirty` nodes and every step downstream of them; the other values are
     /// `base`'s. `hooks` sees (and may supply or replace) only what is re-run.
-    pub(crate) fn run_from(&self, base: &[Option<Tensor>], dirty: &HashSet<NodeId>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<Tensor>> {
+    pub(crate) fn run_from(&self, base: &[Option<Value>], dirty: &HashSet<NodeId>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<Value>> {
         if base.len() != self.slots {
             return Err(RuntimeError::Kernel(format!("the values given hold {} slots, graph '{}' has {}: they come from another session", base.len(), self.graph, self.slots)));
         }
@@ -243,16 +255,16 @@ impl Plan {
 
     /// The value table before the first step: constants, fed inputs (reported to the hooks)
     /// and values of enclosing graphs.
-    fn start(&self, mut feeds: Vec<Option<Tensor>>, scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Option<Tensor>>> {
-        let mut table: Vec<Option<Tensor>> = vec![None; self.slots];
+    fn start(&self, mut feeds: Vec<Option<Value>>, scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Option<Value>>> {
+        let mut table: Vec<Option<Value>> = vec![None; self.slots];
         for (slot, t) in &self.constants {
-            table[*slot] = Some(t.clone());
+            table[*slot] = Some(Value::Tensor(t.clone()));
         }
         for (i, input) in self.inputs.iter().enumerate() {
-            let t = feeds.get_mut(i).and_then(|f| f.take()).or_else(|| input.default.clone())
+            let v = feeds.get_mut(i).and_then(|f| f.take()).or_else(|| input.default.clone().map(Value::Tensor))
                 .ok_or_else(|| RuntimeError::Input { input: input.name.clone(), reason: "is required but was not given".into() })?;
-            check_input(input, &t)?;
-            table[input.slot] = Some(self.report(hooks, None, i, input.slot, t));
+            check_input(input, &v)?;
+            table[input.slot] = Some(self.report(hooks, None, i, input.slot, v));
         }
         for (name, slot) in &self.outers {
             table[*slot] = Some(scope(name).ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' reads '{name}' from an enclosing graph, which does not define it", self.graph)))?);
@@ -260,15 +272,16 @@ impl Plan {
         Ok(table)
     }
 
-    /// Reports a produced value to the hooks; returns it or its replacement.
-    fn report(&self, hooks: Option<HookSink>, node: Option<NodeId>, output: usize, slot: usize, t: Tensor) -> Tensor {
-        let Some(sink) = hooks else { return t };
+    /// Reports a produced tensor to the hooks; returns it or its replacement. Sequences and
+    /// optionals are not reported.
+    fn report(&self, hooks: Option<HookSink>, node: Option<NodeId>, output: usize, slot: usize, v: Value) -> Value {
+        let (Some(sink), Value::Tensor(t)) = (hooks, &v) else { return v };
         let ev = ValueEvent { node, output, value: self.value_ids[slot], name: &self.names[slot], path: sink.path };
-        sink.hooks.report(&ev, &t).unwrap_or(t)
+        sink.hooks.report(&ev, t).map_or(v, Value::Tensor)
     }
 
     /// Runs the steps `schedule` selects over `table`.
-    fn execute(&self, table: &mut [Option<Tensor>], scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>, mut profile: Option<&mut Vec<StepTime>>, schedule: Schedule) -> RuntimeResult<()> {
+    fn execute(&self, table: &mut [Option<Value>], scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>, mut profile: Option<&mut Vec<StepTime>>, schedule: Schedule) -> RuntimeResult<()> {
         let mut produced = match schedule {
             Schedule::From { .. } => vec![false; self.slots],
             Schedule::All { .. } => vec![],
@@ -281,12 +294,12 @@ impl Plan {
             }
             let started = profile.is_some().then(std::time::Instant::now);
             let supplied = hooks.and_then(|sink| sink.hooks.supply(&NodeEvent { node: step.node, path: sink.path }));
-            let outs: Vec<Option<Tensor>> = match supplied {
+            let outs: Vec<Option<Value>> = match supplied {
                 Some(outs) if outs.len() != step.outputs.len() => {
                     return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the hooks supplied {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
                 }
-                Some(outs) => outs,
-                None => self.compute(step, table, scope, hooks)?.into_iter().map(Some).collect(),
+                Some(outs) => outs.into_iter().map(|t| t.map(Value::Tensor)).collect(),
+                None => self.compute(step, table, scope, hooks)?,
             };
             for (k, (slot, t)) in step.outputs.iter().zip(outs).enumerate() {
                 let Some(slot) = slot else { continue };
@@ -307,24 +320,48 @@ impl Plan {
         Ok(())
     }
 
-    /// Runs one step's kernel on the values in `table`.
-    fn compute(&self, step: &Step, table: &[Option<Tensor>], scope: &dyn Fn(&str) -> Option<Tensor>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Tensor>> {
-        let ins: Vec<Option<&Tensor>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
-        if let Some(missing) = step.inputs.iter().zip(&ins).position(|(s, t)| s.is_some() && t.is_none()) {
-            return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("input {missing} has no value") });
+    /// Runs one step's kernel on the values in `table`: a [`Kernel`] on tensors (refusing other
+    /// values), a [`crate::ValueKernel`] on any values.
+    fn compute(&self, step: &Step, table: &[Option<Value>], scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Option<Value>>> {
+        let node_error = |reason: String| RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason };
+        if let Some(missing) = step.inputs.iter().position(|s| s.is_some_and(|s| table[s].is_none())) {
+            return Err(node_error(format!("input {missing} has no value")));
         }
         let lookup = |name: &str| match self.by_name.get(name) {
             Some(&s) => table[s].clone().or_else(|| scope(name)),
             None => scope(name),
         };
-        let outs = step.kernel.run(&ins, &RunCtx { scope: &lookup, hooks }).map_err(|e| locate(e, &step.label, &step.op))?;
-        if outs.len() < step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
-            return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
-        }
+        let ctx = RunCtx { scope: &lookup, hooks };
+        let declared = step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1);
+        let outs: Vec<Option<Value>> = match step.kernel.values() {
+            None => {
+                let mut ins: Vec<Option<&Tensor>> = Vec::with_capacity(step.inputs.len());
+                for (i, s) in step.inputs.iter().enumerate() {
+                    ins.push(match s.and_then(|s| table[s].as_ref()) {
+                        None => None,
+                        Some(Value::Tensor(t)) => Some(t),
+                        Some(v) => return Err(node_error(format!("input {i} is {v}; the op takes tensors"))),
+                    });
+                }
+                let outs = step.kernel.run(&ins, &ctx).map_err(|e| locate(e, &step.label, &step.op))?;
+                if outs.len() < declared {
+                    return Err(node_error(format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len())));
+                }
+                outs.into_iter().map(|t| Some(Value::Tensor(t))).collect()
+            }
+            Some(vk) => {
+                let ins: Vec<Option<&Value>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
+                let outs = vk.run_values(&ins, &ctx).map_err(|e| locate(e, &step.label, &step.op))?;
+                if outs.len() < declared {
+                    return Err(node_error(format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len())));
+                }
+                outs.into_iter().map(Some).collect()
+            }
+        };
         Ok(outs)
     }
 
-    fn collect_outputs(&self, table: &[Option<Tensor>]) -> RuntimeResult<Vec<Tensor>> {
+    fn collect_outputs(&self, table: &[Option<Value>]) -> RuntimeResult<Vec<Value>> {
         self.outputs.iter().map(|(name, slot)| {
             table[*slot].clone().ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' output '{name}' was not computed", self.graph)))
         }).collect()
@@ -358,10 +395,20 @@ fn locate(e: RuntimeError, label: &str, op: &str) -> RuntimeError {
     }
 }
 
-/// Checks a fed tensor against the input's declared element type, rank and fixed dimensions.
-fn check_input(input: &PlannedInput, t: &Tensor) -> RuntimeResult<()> {
+/// Checks a fed value against the input's declared type: the kind of value (a tensor, a
+/// sequence; an optional input also takes a tensor or a sequence, as an optional holding it),
+/// and a tensor's element type, rank and fixed dimensions.
+fn check_input(input: &PlannedInput, v: &Value) -> RuntimeResult<()> {
     let err = |reason: String| RuntimeError::Input { input: input.name.clone(), reason };
-    let Some(ValueType::Tensor { elem, shape }) = &input.ty else { return Ok(()) };
+    let kind_fits = match (&input.ty, v) {
+        (Some(ValueType::Tensor { .. }), v) => matches!(v, Value::Tensor(_)),
+        (Some(ValueType::Sequence(_)), v) => matches!(v, Value::Sequence(_)),
+        _ => true,
+    };
+    if !kind_fits {
+        return Err(err(format!("must be {}, got {v}", input.ty.as_ref().map(|t| t.to_string()).unwrap_or_default())));
+    }
+    let (Some(ValueType::Tensor { elem, shape }), Value::Tensor(t)) = (&input.ty, v) else { return Ok(()) };
     if let Some(e) = elem {
         if *e != t.dtype() {
             return Err(err(format!("must be {e}, got {}", t.dtype())));

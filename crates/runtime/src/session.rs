@@ -7,7 +7,7 @@ use qforge_ir::{Model, NodeId, Tensor, ValueId};
 use crate::hooks::Hooks;
 use crate::kernels::util::{single_threaded, with_spinning_workers};
 use crate::plan::{Folding, Plan, StepTime};
-use crate::{fold_constants, lower_qoperator_with, LowerLog, LowerOptions, Registry, RuntimeError, RuntimeResult};
+use crate::{fold_constants, lower_qoperator_with, LowerLog, LowerOptions, Registry, RuntimeError, RuntimeResult, Value};
 
 /// How a session runs.
 #[derive(Debug, Clone, Default)]
@@ -18,14 +18,14 @@ pub struct SessionOptions {
 
 /// Every value of one run of a session's main graph (see [`Session::run_keeping`]).
 pub struct RunValues {
-    table: Vec<Option<Tensor>>,
+    table: Vec<Option<Value>>,
 }
 
 impl RunValues {
-    /// The value `v` of the main graph as the run left it (`None`: never computed, or not a
-    /// value of the graph).
+    /// The tensor `v` of the main graph as the run left it (`None`: never computed, not a
+    /// tensor, or not a value of the graph).
     pub fn get(&self, v: ValueId) -> Option<&Tensor> {
-        self.table.get(v.0 as usize)?.as_ref()
+        self.table.get(v.0 as usize)?.as_ref()?.as_tensor()
     }
 }
 
@@ -127,29 +127,35 @@ impl Session {
         self.pool.current_num_threads()
     }
 
-    /// Runs the model on named inputs; returns the outputs in graph order.
+    /// Runs the model on named inputs; returns the outputs in graph order. Fails when an
+    /// output is a sequence or an optional (see [`Session::run_values`]).
     pub fn run(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<Vec<(String, Tensor)>> {
+        self.run_inner(tensors_in(inputs), None, None).and_then(tensors_out)
+    }
+
+    /// [`Session::run`] for models whose inputs or outputs may be sequences or optionals.
+    pub fn run_values(&self, inputs: Vec<(String, Value)>) -> RuntimeResult<Vec<(String, Value)>> {
         self.run_inner(inputs, None, None)
     }
 
     /// [`Session::run`], reporting every produced value to `hooks` (which may replace it).
     pub fn run_with_hooks(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Tensor)>> {
-        self.run_inner(inputs, Some(hooks), None)
+        self.run_inner(tensors_in(inputs), Some(hooks), None).and_then(tensors_out)
     }
 
     /// [`Session::run`], also returning the wall time of every executed node.
     pub fn run_profiled(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<(Vec<(String, Tensor)>, Vec<StepTime>)> {
         let mut times = vec![];
-        let outs = self.run_inner(inputs, None, Some(&mut times))?;
+        let outs = self.run_inner(tensors_in(inputs), None, Some(&mut times)).and_then(tensors_out)?;
         Ok((outs, times))
     }
 
     /// [`Session::run_with_hooks`], keeping every value of the main graph for
     /// [`Session::run_from`] (memory holds all of them, not only the live ones).
     pub fn run_keeping(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<(String, Tensor)>, RunValues)> {
-        let feeds = self.feeds(inputs)?;
+        let feeds = self.feeds(tensors_in(inputs))?;
         let (outs, table) = self.enter(|| self.plan.run_keeping(feeds, hooks))?;
-        Ok((self.named(outs), RunValues { table }))
+        Ok((tensors_out(self.named(outs))?, RunValues { table }))
     }
 
     /// Recomputes part of a run: the `dirty` nodes of the main graph and every node
@@ -161,16 +167,16 @@ impl Session {
     pub fn run_from(&self, base: &RunValues, dirty: &[NodeId], hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Tensor)>> {
         let dirty: HashSet<NodeId> = dirty.iter().copied().collect();
         let outs = self.enter(|| self.plan.run_from(&base.table, &dirty, hooks))?;
-        Ok(self.named(outs))
+        tensors_out(self.named(outs))
     }
 
-    fn named(&self, outs: Vec<Tensor>) -> Vec<(String, Tensor)> {
+    fn named(&self, outs: Vec<Value>) -> Vec<(String, Value)> {
         self.plan.outputs.iter().map(|o| o.0.clone()).zip(outs).collect()
     }
 
     /// Feeds in the plan's input order, checking names.
-    fn feeds(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<Vec<Option<Tensor>>> {
-        let mut feeds: Vec<Option<Tensor>> = vec![None; self.plan.inputs.len()];
+    fn feeds(&self, inputs: Vec<(String, Value)>) -> RuntimeResult<Vec<Option<Value>>> {
+        let mut feeds: Vec<Option<Value>> = vec![None; self.plan.inputs.len()];
         for (name, t) in inputs {
             let i = self.plan.inputs.iter().position(|p| p.name == name).ok_or_else(|| RuntimeError::Input {
                 input: name.clone(),
@@ -183,7 +189,7 @@ impl Session {
         Ok(feeds)
     }
 
-    fn run_inner(&self, inputs: Vec<(String, Tensor)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Tensor)>> {
+    fn run_inner(&self, inputs: Vec<(String, Value)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Value)>> {
         let feeds = self.feeds(inputs)?;
         let no_scope = |_: &str| None;
         let plan = match (&hooks, &self.fused) {
@@ -203,6 +209,18 @@ impl Session {
     fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         if self.threads() == 1 { single_threaded(f) } else { self.pool.install(|| with_spinning_workers(f)) }
     }
+}
+
+fn tensors_in(inputs: Vec<(String, Tensor)>) -> Vec<(String, Value)> {
+    inputs.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect()
+}
+
+/// The outputs as tensors; an error naming the first output that is not one.
+fn tensors_out(outs: Vec<(String, Value)>) -> RuntimeResult<Vec<(String, Tensor)>> {
+    outs.into_iter().map(|(name, v)| match v.into_tensor() {
+        Ok(t) => Ok((name, t)),
+        Err(v) => Err(RuntimeError::Kernel(format!("output '{name}' is {v}; Session::run_values returns values other than tensors"))),
+    }).collect()
 }
 
 /// Whether two plans take the same inputs and give the same outputs, by name and order.

@@ -3,22 +3,85 @@
 //! prints how many of all the suite's tests pass, and lists passing tests missing from the
 //! allowlist so it can grow. Tolerances follow the ONNX backend runner: rtol 1e-3, atol 1e-7
 //! for floats (atol 1e-5 here, for float32 accumulation order), exact for integers and bools.
+//! Sequence and optional inputs and outputs are `SequenceProto` / `OptionalProto` files.
 
 use std::path::Path;
 
-use qforge_ir::Tensor;
-use qforge_runtime::Session;
+use prost::Message;
+use qforge_ir::{DType, Tensor, ValueType};
+use qforge_onnx::proto::{OptionalProto, SequenceProto, TensorProto};
+use qforge_runtime::{Sequence, Session, Value};
 use qforge_testkit::{cache, compare, repo};
 
-fn read_pb(path: &Path) -> Result<(String, Tensor), String> {
+fn tensor(tp: &TensorProto) -> Result<Tensor, String> {
+    qforge_onnx::tensor_from_proto(tp).map(|t| t.1).map_err(|e| e.to_string())
+}
+
+fn sequence(sp: &SequenceProto, ty: Option<&ValueType>) -> Result<Sequence, String> {
+    if !sp.sparse_tensor_values.is_empty() || !sp.sequence_values.is_empty() || !sp.map_values.is_empty() || !sp.optional_values.is_empty() {
+        return Err("only sequences of tensors are supported".into());
+    }
+    let items = sp.tensor_values.iter().map(tensor).collect::<Result<Vec<_>, _>>()?;
+    let declared = match ty {
+        Some(ValueType::Sequence(Some(t))) => t.elem(),
+        _ => None,
+    };
+    let dtype = items.first().map(Tensor::dtype).or(declared).unwrap_or(DType::F32);
+    Ok(Sequence { dtype, items })
+}
+
+/// The value in a test data file, read as the type `ty` declares (a tensor when undeclared).
+fn read_value(path: &Path, ty: Option<&ValueType>) -> Result<Value, String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    qforge_onnx::tensor_from_proto_bytes(&bytes).map_err(|e| e.to_string())
+    let bad = |e: prost::DecodeError| format!("{}: {e}", path.display());
+    match ty {
+        Some(ValueType::Sequence(_)) => Ok(Value::Sequence(sequence(&SequenceProto::decode(bytes.as_slice()).map_err(bad)?, ty)?)),
+        Some(ValueType::Optional(inner)) => {
+            let op = OptionalProto::decode(bytes.as_slice()).map_err(bad)?;
+            let v = match (&op.tensor_value, &op.sequence_value) {
+                (Some(t), _) => Some(Value::Tensor(tensor(t)?)),
+                (None, Some(s)) => Some(Value::Sequence(sequence(s, inner.as_deref())?)),
+                (None, None) => None,
+            };
+            Ok(Value::Optional(v.map(Box::new)))
+        }
+        _ => Ok(Value::Tensor(tensor(&TensorProto::decode(bytes.as_slice()).map_err(bad)?)?)),
+    }
+}
+
+fn check_tensor(name: &str, t: &Tensor, want: &Tensor) -> Result<(), String> {
+    if t.dtype() != want.dtype() || t.shape() != want.shape() {
+        return Err(format!("output '{name}': got {} {:?}, expected {} {:?}", t.dtype(), t.shape(), want.dtype(), want.shape()));
+    }
+    if let (Some(a), Some(b)) = (t.strings(), want.strings()) {
+        return if a == b { Ok(()) } else { Err(format!("output '{name}' differs")) };
+    }
+    let (rtol, atol) = if t.dtype().is_float() { (1e-3, 1e-5) } else { (0.0, 0.0) };
+    let (worst, ok) = compare(t, want, rtol, atol);
+    if !ok {
+        return Err(format!("output '{name}': max |diff| {worst:.3e}"));
+    }
+    Ok(())
+}
+
+fn check_value(name: &str, got: &Value, want: &Value) -> Result<(), String> {
+    match (got, want) {
+        (Value::Tensor(a), Value::Tensor(b)) => check_tensor(name, a, b),
+        (Value::Sequence(a), Value::Sequence(b)) if a.items.len() == b.items.len() => {
+            a.items.iter().zip(&b.items).enumerate().try_for_each(|(i, (x, y))| check_tensor(&format!("{name}[{i}]"), x, y))
+        }
+        (Value::Optional(None), Value::Optional(None)) => Ok(()),
+        (Value::Optional(Some(a)), Value::Optional(Some(b))) => check_value(name, a, b),
+        _ => Err(format!("output '{name}': got {got}, expected {want}")),
+    }
 }
 
 fn run_case(dir: &Path) -> Result<(), String> {
     let model = qforge_onnx::load(&dir.join("model.onnx")).map_err(|e| e.to_string())?;
     let session = Session::new(&model).map_err(|e| e.to_string())?;
-    let names: Vec<String> = model.graph.inputs().iter().map(|v| model.graph.value_name(*v)).collect();
+    let g = &model.graph;
+    let ins: Vec<(String, Option<&ValueType>)> = g.inputs().iter().map(|v| (g.value_name(*v), g.value(*v).ok().and_then(|x| x.ty.as_ref()))).collect();
+    let out_types: Vec<Option<&ValueType>> = g.outputs().iter().map(|v| g.value(*v).ok().and_then(|x| x.ty.as_ref())).collect();
     let mut sets: Vec<_> = std::fs::read_dir(dir).map_err(|e| e.to_string())?
         .map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     sets.sort();
@@ -27,28 +90,16 @@ fn run_case(dir: &Path) -> Result<(), String> {
     }
     for set in sets {
         let mut inputs = vec![];
-        for (i, name) in names.iter().enumerate() {
+        for (i, (name, ty)) in ins.iter().enumerate() {
             let f = set.join(format!("input_{i}.pb"));
             if f.exists() {
-                inputs.push((name.clone(), read_pb(&f)?.1));
+                inputs.push((name.clone(), read_value(&f, *ty)?));
             }
         }
-        let got = session.run(inputs).map_err(|e| e.to_string())?;
-        for (i, (name, t)) in got.iter().enumerate() {
-            let f = set.join(format!("output_{i}.pb"));
-            let (_, want) = read_pb(&f)?;
-            if t.dtype() != want.dtype() || t.shape() != want.shape() {
-                return Err(format!("output '{name}': got {} {:?}, expected {} {:?}", t.dtype(), t.shape(), want.dtype(), want.shape()));
-            }
-            if let (Some(a), Some(b)) = (t.strings(), want.strings()) {
-                if a != b { return Err(format!("output '{name}' differs")); }
-                continue;
-            }
-            let (rtol, atol) = if t.dtype().is_float() { (1e-3, 1e-5) } else { (0.0, 0.0) };
-            let (worst, ok) = compare(t, &want, rtol, atol);
-            if !ok {
-                return Err(format!("output '{name}': max |diff| {worst:.3e}"));
-            }
+        let got = session.run_values(inputs).map_err(|e| e.to_string())?;
+        for (i, (name, v)) in got.iter().enumerate() {
+            let want = read_value(&set.join(format!("output_{i}.pb")), out_types.get(i).copied().flatten())?;
+            check_value(name, v, &want)?;
         }
     }
     Ok(())

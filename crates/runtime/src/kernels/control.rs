@@ -1,11 +1,12 @@
 //! Control flow: If, Loop and Scan run their subgraphs, planned once, in the caller's scope.
+//! If and Loop carry any values (tensors, sequences, optionals); Scan carries tensors.
 
 use qforge_ir::{Attr, DType, NodeId, Tensor};
 
 use super::shape::{strided_copy, strides, transpose_tensor};
-use super::util::{axis, input, ints, opt_input};
+use super::util::{axis, ints, opt_input};
 use crate::plan::Plan;
-use crate::{kernel_error, HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult, LATEST};
+use crate::{kernel_error, value_kernel, HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult, Value, ValueKernel, LATEST};
 
 /// Registers If, Loop and Scan.
 pub fn register(r: &mut Registry) {
@@ -32,7 +33,7 @@ fn scalar_bool(t: &Tensor, what: &str) -> RuntimeResult<bool> {
 
 /// Runs a subgraph of node `node` (held in attribute `attr`), extending the hooks' path. A
 /// feed the subgraph's declared inputs refuse is the node's error, not the model's input's.
-fn run_subgraph(plan: &Plan, feeds: Vec<Option<Tensor>>, ctx: &RunCtx, node: NodeId, attr: &'static str) -> RuntimeResult<Vec<Tensor>> {
+pub(crate) fn run_subgraph(plan: &Plan, feeds: Vec<Option<Value>>, ctx: &RunCtx, node: NodeId, attr: &'static str) -> RuntimeResult<Vec<Value>> {
     let result = match ctx.hooks {
         Some(sink) => {
             let path: Vec<(NodeId, &'static str)> = sink.path.iter().copied().chain([(node, attr)]).collect();
@@ -52,15 +53,24 @@ struct If {
     otherwise: Plan,
 }
 
-impl Kernel for If {
-    fn run(&self, ins: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
-        let (branch, attr) = if scalar_bool(input(ins, 0)?, "the condition")? { (&self.then, "then_branch") } else { (&self.otherwise, "else_branch") };
+/// Input `i` as a tensor; an error when it is missing or another kind of value.
+pub(crate) fn tensor_input<'a>(ins: &[Option<&'a Value>], i: usize, what: &str) -> RuntimeResult<&'a Tensor> {
+    match ins.get(i).copied().flatten() {
+        Some(Value::Tensor(t)) => Ok(t),
+        Some(v) => Err(kernel_error(format!("{what} (input {i}) must be a tensor, got {v}"))),
+        None => Err(kernel_error(format!("{what} (input {i}) is required"))),
+    }
+}
+
+impl ValueKernel for If {
+    fn run_values(&self, ins: &[Option<&Value>], ctx: &RunCtx) -> RuntimeResult<Vec<Value>> {
+        let (branch, attr) = if scalar_bool(tensor_input(ins, 0, "the condition")?, "the condition")? { (&self.then, "then_branch") } else { (&self.otherwise, "else_branch") };
         run_subgraph(branch, vec![], ctx, self.id, attr)
     }
 }
 
 fn if_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    Ok(Box::new(If { id: info.id, then: subgraph(info, "then_branch")?, otherwise: subgraph(info, "else_branch")? }))
+    value_kernel(If { id: info.id, then: subgraph(info, "then_branch")?, otherwise: subgraph(info, "else_branch")? })
 }
 
 struct Loop {
@@ -87,30 +97,42 @@ fn stack(parts: &[Tensor]) -> RuntimeResult<Tensor> {
     Tensor::from_raw(first.dtype(), &shape, &raw).map_err(|e| kernel_error(e.to_string()))
 }
 
-impl Kernel for Loop {
-    fn run(&self, ins: &[Option<&Tensor>], ctx: &RunCtx) -> RuntimeResult<Vec<Tensor>> {
-        let max = opt_input(ins, 0).map(|t| t.to_i64_vec().map_err(|e| kernel_error(e.to_string())).map(|v| v.first().copied().unwrap_or(0))).transpose()?;
-        let mut cond = opt_input(ins, 1).map(|t| scalar_bool(t, "cond")).transpose()?.unwrap_or(true);
-        let mut carried: Vec<Tensor> = ins.iter().skip(2).map(|t| t.cloned().ok_or_else(|| kernel_error("loop-carried values must be given"))).collect::<RuntimeResult<_>>()?;
+/// Loop: runs the body while the condition holds and fewer than `M` iterations ran. Loop-carried
+/// values may be tensors, sequences or optionals; scan outputs (the body's outputs after them)
+/// must be tensors and are stacked along a new leading axis.
+impl ValueKernel for Loop {
+    fn run_values(&self, ins: &[Option<&Value>], ctx: &RunCtx) -> RuntimeResult<Vec<Value>> {
+        let max = match ins.first().copied().flatten() {
+            Some(_) => Some(tensor_input(ins, 0, "M")?.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?.first().copied().unwrap_or(0)),
+            None => None,
+        };
+        let mut cond = match ins.get(1).copied().flatten() {
+            Some(_) => scalar_bool(tensor_input(ins, 1, "cond")?, "cond")?,
+            None => true,
+        };
+        let mut carried: Vec<Value> = ins.iter().skip(2).map(|t| t.cloned().ok_or_else(|| kernel_error("loop-carried values must be given"))).collect::<RuntimeResult<_>>()?;
         let n = carried.len();
         let mut scans: Vec<Vec<Tensor>> = vec![];
         let mut i = 0i64;
         while cond && max.is_none_or(|m| i < m) {
             let [ref iter_shape, ref cond_shape] = self.counter_shapes;
-            let mut feeds = vec![Some(Tensor::from_vec(iter_shape, vec![i]).unwrap()), Some(Tensor::from_bools(cond_shape, &[cond]).unwrap())];
-            feeds.extend(carried.iter().cloned().map(Some));
-            let outs = run_subgraph(&self.body, feeds, ctx, self.id, "body")?;
+            let mut feeds = vec![Some(Value::Tensor(Tensor::from_vec(iter_shape, vec![i]).unwrap())), Some(Value::Tensor(Tensor::from_bools(cond_shape, &[cond]).unwrap()))];
+            feeds.extend(carried.drain(..).map(Some));
+            let mut outs = run_subgraph(&self.body, feeds, ctx, self.id, "body")?;
             if outs.len() < 1 + n {
                 return Err(kernel_error(format!("the loop body returned {} outputs, expected at least {}", outs.len(), 1 + n)));
             }
-            cond = scalar_bool(&outs[0], "the body's condition output")?;
-            carried = outs[1..1 + n].to_vec();
-            let extra = &outs[1 + n..];
+            let extra = outs.split_off(1 + n);
+            carried = outs.split_off(1);
+            cond = match &outs[0] {
+                Value::Tensor(t) => scalar_bool(t, "the body's condition output")?,
+                v => return Err(kernel_error(format!("the body's condition output is {v}, not a tensor"))),
+            };
             if scans.is_empty() {
                 scans = vec![vec![]; extra.len()];
             }
-            for (k, t) in extra.iter().enumerate() {
-                scans[k].push(t.clone());
+            for (k, v) in extra.into_iter().enumerate() {
+                scans[k].push(v.into_tensor().map_err(|v| kernel_error(format!("scan output {k} of the loop body is {v}; scan outputs must be tensors")))?);
             }
             i += 1;
             if i > 1 << 31 {
@@ -120,10 +142,10 @@ impl Kernel for Loop {
         let n_scan = self.body.outputs.len().saturating_sub(1 + n);
         let mut out = carried;
         for k in 0..n_scan {
-            out.push(match scans.get(k) {
+            out.push(Value::Tensor(match scans.get(k) {
                 Some(parts) if !parts.is_empty() => stack(parts)?,
                 _ => Tensor::zeros(qforge_ir::DType::F32, &[0]).unwrap(),
-            });
+            }));
         }
         Ok(out)
     }
@@ -136,7 +158,7 @@ fn loop_(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         _ => vec![],
     };
     let counter_shapes = [shape(0), shape(1)];
-    Ok(Box::new(Loop { id: info.id, body, counter_shapes }))
+    value_kernel(Loop { id: info.id, body, counter_shapes })
 }
 
 /// A scan input as iterated: the tensor, its sequence axis and direction.
@@ -182,11 +204,13 @@ impl Scan {
         let k = self.body.outputs.len().checked_sub(n).ok_or_else(|| kernel_error(format!("the scan body has {} outputs, fewer than the {n} state variables", self.body.outputs.len())))?;
         let mut steps: Vec<Vec<Tensor>> = vec![Vec::with_capacity(len); k];
         for t in 0..len {
-            let mut feeds: Vec<Option<Tensor>> = states.drain(..).map(Some).collect();
+            let mut feeds: Vec<Option<Value>> = states.drain(..).map(|s| Some(Value::Tensor(s))).collect();
             for si in inputs {
-                feeds.push(Some(si.element(t, len)?));
+                feeds.push(Some(Value::Tensor(si.element(t, len)?)));
             }
-            let mut outs = run_subgraph(&self.body, feeds, ctx, self.id, "body")?;
+            let mut outs = run_subgraph(&self.body, feeds, ctx, self.id, "body")?.into_iter()
+                .map(|v| v.into_tensor().map_err(|v| kernel_error(format!("the scan body returned {v}; Scan carries tensors"))))
+                .collect::<RuntimeResult<Vec<Tensor>>>()?;
             if outs.len() != n + k {
                 return Err(kernel_error(format!("the scan body returned {} outputs, expected {}", outs.len(), n + k)));
             }

@@ -23,6 +23,7 @@ mod resize;
 mod rnn;
 mod sampling;
 mod select;
+mod sequence;
 pub(crate) mod shape;
 mod signal;
 pub(crate) mod util;
@@ -48,6 +49,7 @@ pub fn register_all(r: &mut crate::Registry) {
     rnn::register(r);
     sampling::register(r);
     select::register(r);
+    sequence::register(r);
     shape::register(r);
     signal::register(r);
 }

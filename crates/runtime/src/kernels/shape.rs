@@ -90,8 +90,9 @@ fn from_i64(to: DType, shape: &[usize], v: Vec<i64>) -> RuntimeResult<Tensor> {
     })
 }
 
+/// Identity: passes any value on (tensor, sequence or optional).
 fn identity(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    kernel(|ins| Ok(vec![input(ins, 0)?.clone()]))
+    super::sequence::values_fn(|ins| Ok(vec![super::sequence::value_input(ins, 0)?.clone()]))
 }
 
 fn dropout(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -372,42 +373,47 @@ fn concat(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
     kernel(move |ins| {
         let parts: Vec<&Tensor> = ins.iter().flatten().copied().collect();
         let first = *parts.first().ok_or_else(|| kernel_error("Concat needs inputs"))?;
-        let r = first.rank();
-        let ax = axis(a, r)?;
-        let mut out_shape = first.shape().to_vec();
-        out_shape[ax] = 0;
-        for p in &parts {
-            if p.rank() != r || p.dtype() != first.dtype() || p.shape().iter().enumerate().any(|(i, &d)| i != ax && d != first.shape()[i]) {
-                return Err(kernel_error(format!("cannot concatenate {} {:?} with {} {:?} on axis {ax}", first.dtype(), first.shape(), p.dtype(), p.shape())));
-            }
-            out_shape[ax] += p.shape()[ax];
-        }
-        let outer: usize = out_shape[..ax].iter().product();
-        if first.strings().is_some() {
-            let mut idx = vec![];
-            let flat: Vec<Vec<u8>> = parts.iter().flat_map(|p| p.strings().unwrap().to_vec()).collect();
-            let mut base = vec![0usize];
-            for p in &parts {
-                base.push(base.last().unwrap() + p.len());
-            }
-            for o in 0..outer {
-                for (k, p) in parts.iter().enumerate() {
-                    let block = p.len() / outer.max(1);
-                    idx.extend((0..block).map(|i| base[k] + o * block + i));
-                }
-            }
-            return Ok(vec![Tensor::from_strings(&out_shape, idx.into_iter().map(|i| flat[i].clone()).collect()).map_err(err)?]);
-        }
-        let width = first.dtype().bits() / 8;
-        let mut raw = Vec::with_capacity(out_shape.iter().product::<usize>() * width);
-        for o in 0..outer {
-            for p in &parts {
-                let block = p.len() / outer.max(1) * width;
-                raw.extend_from_slice(&p.raw_bytes().unwrap()[o * block..(o + 1) * block]);
-            }
-        }
-        Ok(vec![Tensor::from_raw(first.dtype(), &out_shape, &raw).map_err(err)?])
+        Ok(vec![concat_tensors(&parts, axis(a, first.rank())?)?])
     })
+}
+
+/// Concatenates tensors of one type and rank along axis `ax`; the other dimensions must agree.
+pub(crate) fn concat_tensors(parts: &[&Tensor], ax: usize) -> RuntimeResult<Tensor> {
+    let first = *parts.first().ok_or_else(|| kernel_error("nothing to concatenate"))?;
+    let r = first.rank();
+    let mut out_shape = first.shape().to_vec();
+    out_shape[ax] = 0;
+    for p in parts {
+        if p.rank() != r || p.dtype() != first.dtype() || p.shape().iter().enumerate().any(|(i, &d)| i != ax && d != first.shape()[i]) {
+            return Err(kernel_error(format!("cannot concatenate {} {:?} with {} {:?} on axis {ax}", first.dtype(), first.shape(), p.dtype(), p.shape())));
+        }
+        out_shape[ax] += p.shape()[ax];
+    }
+    let outer: usize = out_shape[..ax].iter().product();
+    if first.strings().is_some() {
+        let mut idx = vec![];
+        let flat: Vec<Vec<u8>> = parts.iter().flat_map(|p| p.strings().unwrap().to_vec()).collect();
+        let mut base = vec![0usize];
+        for p in parts {
+            base.push(base.last().unwrap() + p.len());
+        }
+        for o in 0..outer {
+            for (k, p) in parts.iter().enumerate() {
+                let block = p.len() / outer.max(1);
+                idx.extend((0..block).map(|i| base[k] + o * block + i));
+            }
+        }
+        return Tensor::from_strings(&out_shape, idx.into_iter().map(|i| flat[i].clone()).collect()).map_err(err);
+    }
+    let width = first.dtype().bits() / 8;
+    let mut raw = Vec::with_capacity(out_shape.iter().product::<usize>() * width);
+    for o in 0..outer {
+        for p in parts {
+            let block = p.len() / outer.max(1) * width;
+            raw.extend_from_slice(&p.raw_bytes().unwrap()[o * block..(o + 1) * block]);
+        }
+    }
+    Tensor::from_raw(first.dtype(), &out_shape, &raw).map_err(err)
 }
 
 /// Splits `x` along `ax` into pieces of the given sizes.
