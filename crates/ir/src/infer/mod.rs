@@ -342,4 +342,31 @@ mod tests {
         assert_eq!(g.value(eln[1]).unwrap().ty, Some(ValueType::tensor(DType::I32, vec![n])));
         assert_eq!(g.value(unknown[0]).unwrap().ty, None);
     }
+
+    #[test]
+    fn sequence_ops_carry_element_types_and_shapes() {
+        // x: [N, 6] -> SplitToSequence(axis 1, keepdims 0) -> seq<float[N]>; SequenceAt -> float[N];
+        // ConcatFromSequence(axis 1, new_axis 1) -> float[N, ?]; SequenceLength -> int64 scalar.
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", Some(ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Known(6)]))).unwrap();
+        let pos = g.add_initializer("pos", Tensor::scalar(0i64)).unwrap();
+        let seq = g.new_value("seq", None).unwrap();
+        g.add_node(Node::new("SplitToSequence", "split").with_inputs([x]).with_outputs([seq]).with_attr("axis", crate::Attr::Int(1)).with_attr("keepdims", crate::Attr::Int(0))).unwrap();
+        let at = op(&mut g, "SequenceAt", &[seq, pos]);
+        let len = op(&mut g, "SequenceLength", &[seq]);
+        let cat = g.new_value("cat", None).unwrap();
+        g.add_node(Node::new("ConcatFromSequence", "cat").with_inputs([seq]).with_outputs([cat]).with_attr("axis", crate::Attr::Int(1)).with_attr("new_axis", crate::Attr::Int(1))).unwrap();
+        let opt = op(&mut g, "Optional", &[at]);
+        let got = op(&mut g, "OptionalGetElement", &[opt]);
+        g.set_outputs(vec![at, len, cat, got]).unwrap();
+        let report = infer_graph(&mut g, &[OpsetImport { domain: String::new(), version: 18 }]);
+        assert!(report.unknown_ops.is_empty() && report.conflicts.is_empty(), "{report:?}");
+        let n = || ValueType::tensor(DType::F32, vec![Dim::Sym("N".into())]);
+        assert_eq!(g.value(seq).unwrap().ty, Some(ValueType::Sequence(Some(Box::new(n())))));
+        assert_eq!(g.value(at).unwrap().ty, Some(n()));
+        assert_eq!(g.value(len).unwrap().ty, Some(ValueType::tensor_of(DType::I64, &[])));
+        assert_eq!(g.value(cat).unwrap().ty, Some(ValueType::tensor(DType::F32, vec![Dim::Sym("N".into()), Dim::Unknown])));
+        assert_eq!(g.value(opt).unwrap().ty, Some(ValueType::Optional(Some(Box::new(n())))));
+        assert_eq!(g.value(got).unwrap().ty, Some(n()));
+    }
 }

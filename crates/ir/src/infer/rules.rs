@@ -250,6 +250,101 @@ fn matmul_shape(mut a: Shape, mut b: Shape) -> Option<Shape> {
 }
 
 /// [`infer`] for the default (ONNX) domain.
+fn sequence_of(t: Option<ValueType>) -> Known {
+    out(Some(ValueType::Sequence(t.map(Box::new))))
+}
+
+/// The element type of a sequence.
+fn sequence_elem(k: &Known) -> Option<ValueType> {
+    match k.ty.as_ref()? {
+        ValueType::Sequence(t) => t.as_deref().cloned(),
+        _ => None,
+    }
+}
+
+/// One tensor type covering both: the common element type, and the shape where the two agree
+/// (rank only where dimensions differ; unknown where ranks differ).
+fn common_tensor(a: &ValueType, b: &ValueType) -> ValueType {
+    let elem = a.elem().filter(|e| Some(*e) == b.elem()).or(a.elem()).or(b.elem());
+    let shape = match (a.shape(), b.shape()) {
+        (Some(p), Some(q)) if p.len() == q.len() => Some(p.iter().zip(q).map(|(x, y)| if x == y { x.clone() } else { Dim::Unknown }).collect()),
+        _ => None,
+    };
+    ValueType::Tensor { elem, shape }
+}
+
+/// Sequences and optionals: the sequence types built, read and taken apart, and optional types.
+fn infer_sequence(node: &Node, ins: &[Known]) -> Option<Vec<Known>> {
+    let x = ins.first().cloned().unwrap_or_default();
+    let input_ty = |i: usize| ins.get(i).and_then(|k| k.ty.clone());
+    Some(match node.op_type.as_str() {
+        "SequenceEmpty" => {
+            let e = DType::from_onnx(node.attr_int("dtype").unwrap_or(1) as i32);
+            vec![sequence_of(ty(e, None))]
+        }
+        "SequenceConstruct" => {
+            let types: Vec<ValueType> = ins.iter().filter_map(|k| k.ty.clone()).collect();
+            let all = (types.len() == ins.len()).then(|| types.iter().skip(1).fold(types.first().cloned(), |acc, t| acc.map(|a| common_tensor(&a, t)))).flatten();
+            vec![sequence_of(all.or_else(|| ty(ins.iter().find_map(elem), None)))]
+        }
+        "SequenceInsert" => {
+            let joined = match (sequence_elem(&x), input_ty(1)) {
+                (Some(a), Some(b)) => Some(common_tensor(&a, &b)),
+                (Some(a), None) => ty(a.elem(), None),
+                (None, Some(b)) => ty(b.elem(), None),
+                (None, None) => None,
+            };
+            vec![sequence_of(joined)]
+        }
+        "SequenceErase" => vec![out(x.ty.clone())],
+        "SequenceAt" => vec![out(sequence_elem(&x))],
+        "SequenceLength" => vec![out(ty(Some(DType::I64), Some(vec![])))],
+        "ConcatFromSequence" => {
+            let e = sequence_elem(&x);
+            let new_axis = node.attr_int("new_axis").unwrap_or(0) == 1;
+            let s = e.as_ref().and_then(|t| t.shape()).and_then(|s| {
+                let r = s.len() + usize::from(new_axis);
+                let a = norm_axis(node.attr_int("axis")?, r)?;
+                let mut o = s.clone();
+                if new_axis { o.insert(a, Dim::Unknown) } else { o[a] = Dim::Unknown }
+                Some(o)
+            });
+            vec![out(ty(e.and_then(|t| t.elem()), s))]
+        }
+        "SplitToSequence" => {
+            let keepdims = node.attr_int("keepdims").unwrap_or(1) != 0;
+            let s = shape(&x).and_then(|s| {
+                let a = norm_axis(node.attr_int("axis").unwrap_or(0), s.len())?;
+                let mut o = s;
+                match node.input(1) {
+                    Some(_) => o[a] = Dim::Unknown,
+                    None if keepdims => o[a] = Dim::Known(1),
+                    None => { o.remove(a); }
+                }
+                Some(o)
+            });
+            vec![sequence_of(ty(elem(&x), s))]
+        }
+        "SequenceMap" => {
+            let body = match node.attr("body") { Some(Attr::Graph(g)) => g, _ => return None };
+            body.outputs().iter().map(|v| sequence_of(body.value(*v).ok().and_then(|v| v.ty.clone()))).collect()
+        }
+        "Optional" => {
+            let inner = match node.input(0) {
+                Some(_) => x.ty.clone(),
+                None => match node.attr("type") { Some(Attr::Type(t)) => Some(t.clone()), _ => None },
+            };
+            vec![out(Some(ValueType::Optional(inner.map(Box::new))))]
+        }
+        "OptionalHasElement" => vec![out(ty(Some(DType::Bool), Some(vec![])))],
+        "OptionalGetElement" => match &x.ty {
+            Some(ValueType::Optional(t)) => vec![out(t.as_deref().cloned())],
+            t => vec![out(t.clone())],
+        },
+        _ => return None,
+    })
+}
+
 fn infer_onnx(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
     let x = ins.first().cloned().unwrap_or_default();
     let same = || vec![out(x.ty.clone())];
@@ -281,6 +376,9 @@ fn infer_onnx(node: &Node, ins: &[Known], opset: i64) -> Option<Vec<Known>> {
         }
         "RotaryEmbedding" | "SwiGLU" => same(),
         "Identity" => vec![x.clone()],
+        "SequenceEmpty" | "SequenceConstruct" | "SequenceInsert" | "SequenceErase" | "SequenceAt" | "SequenceLength"
+        | "ConcatFromSequence" | "SplitToSequence" | "SequenceMap" | "Optional" | "OptionalHasElement"
+        | "OptionalGetElement" => infer_sequence(node, ins)?,
         "Dropout" => vec![out(x.ty.clone()), out(ty(Some(DType::Bool), shape(&x)))],
         "BatchNormalization" => same(),
         "SimplifiedLayerNormalization" => vec![out(x.ty.clone()), out(ty(Some(DType::F32), norm_stat_shape(node, &x)))],
