@@ -294,19 +294,24 @@ impl Plan {
             }
             let started = profile.is_some().then(std::time::Instant::now);
             let supplied = hooks.and_then(|sink| sink.hooks.supply(&NodeEvent { node: step.node, path: sink.path }));
-            let outs: Vec<Option<Value>> = match supplied {
+            let computed = match supplied {
                 Some(outs) if outs.len() != step.outputs.len() => {
                     return Err(RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason: format!("the hooks supplied {} outputs, the node declares {}", outs.len(), step.outputs.len()) });
                 }
-                Some(outs) => outs.into_iter().map(|t| t.map(Value::Tensor)).collect(),
+                Some(outs) => Computed::Supplied(outs),
                 None => self.compute(step, table, scope, hooks)?,
             };
-            for (k, (slot, t)) in step.outputs.iter().zip(outs).enumerate() {
-                let Some(slot) = slot else { continue };
-                table[*slot] = t.map(|t| self.report(hooks, Some(step.node), k, *slot, t));
-                if let Some(p) = produced.get_mut(*slot) {
+            let mut store = |k: usize, v: Option<Value>| {
+                let Some(Some(slot)) = step.outputs.get(k).copied() else { return };
+                table[slot] = v.map(|v| self.report(hooks, Some(step.node), k, slot, v));
+                if let Some(p) = produced.get_mut(slot) {
                     *p = true;
                 }
+            };
+            match computed {
+                Computed::Tensors(outs) => outs.into_iter().enumerate().for_each(|(k, t)| store(k, Some(Value::Tensor(t)))),
+                Computed::Values(outs) => outs.into_iter().enumerate().for_each(|(k, v)| store(k, Some(v))),
+                Computed::Supplied(outs) => outs.into_iter().enumerate().for_each(|(k, t)| store(k, t.map(Value::Tensor))),
             }
             match schedule {
                 Schedule::All { keep: false } => step.free.iter().for_each(|&s| table[s] = None),
@@ -322,7 +327,7 @@ impl Plan {
 
     /// Runs one step's kernel on the values in `table`: a [`Kernel`] on tensors (refusing other
     /// values), a [`crate::ValueKernel`] on any values.
-    fn compute(&self, step: &Step, table: &[Option<Value>], scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>) -> RuntimeResult<Vec<Option<Value>>> {
+    fn compute(&self, step: &Step, table: &[Option<Value>], scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>) -> RuntimeResult<Computed> {
         let node_error = |reason: String| RuntimeError::Node { node: step.label.clone(), op: step.op.clone(), reason };
         if let Some(missing) = step.inputs.iter().position(|s| s.is_some_and(|s| table[s].is_none())) {
             return Err(node_error(format!("input {missing} has no value")));
@@ -333,7 +338,7 @@ impl Plan {
         };
         let ctx = RunCtx { scope: &lookup, hooks };
         let declared = step.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1);
-        let outs: Vec<Option<Value>> = match step.kernel.values() {
+        Ok(match step.kernel.values() {
             None => {
                 let mut ins: Vec<Option<&Tensor>> = Vec::with_capacity(step.inputs.len());
                 for (i, s) in step.inputs.iter().enumerate() {
@@ -347,7 +352,7 @@ impl Plan {
                 if outs.len() < declared {
                     return Err(node_error(format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len())));
                 }
-                outs.into_iter().map(|t| Some(Value::Tensor(t))).collect()
+                Computed::Tensors(outs)
             }
             Some(vk) => {
                 let ins: Vec<Option<&Value>> = step.inputs.iter().map(|s| s.and_then(|s| table[s].as_ref())).collect();
@@ -355,10 +360,9 @@ impl Plan {
                 if outs.len() < declared {
                     return Err(node_error(format!("the kernel returned {} outputs, the node declares {}", outs.len(), step.outputs.len())));
                 }
-                outs.into_iter().map(Some).collect()
+                Computed::Values(outs)
             }
-        };
-        Ok(outs)
+        })
     }
 
     fn collect_outputs(&self, table: &[Option<Value>]) -> RuntimeResult<Vec<Value>> {
@@ -366,6 +370,13 @@ impl Plan {
             table[*slot].clone().ok_or_else(|| RuntimeError::Kernel(format!("graph '{}' output '{name}' was not computed", self.graph)))
         }).collect()
     }
+}
+
+/// The outputs of one step: its kernel's, or those the hooks supplied.
+enum Computed {
+    Tensors(Vec<Tensor>),
+    Values(Vec<Value>),
+    Supplied(Vec<Option<Tensor>>),
 }
 
 /// Sets each step's `free` list: the values whose last reader it is, except those in `keep`.
