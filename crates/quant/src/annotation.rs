@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use qforge_ir::NodeId;
+use qforge_ir::{Graph, Node, NodeId, ValueType};
 
 use crate::spec::{Edge, Spec};
 
@@ -93,5 +93,44 @@ impl Annotations {
         if !self.float.iter().any(|f| f.node == node) {
             self.float.push(FloatReason { node, kind, reason: reason.into() });
         }
+    }
+
+    /// Keeps in float, with the reason (replacing any other), every node that reads or
+    /// produces a sequence or an optional: by its inputs' and outputs' declared or inferred
+    /// types, or by its op ([`NON_TENSOR_OPS`]). Such values are not tensors and are never
+    /// activations. A unit holding such a node stays float whole. Tensors next to them (a Conv
+    /// output split into a sequence, a tensor taken out of one) quantize as usual.
+    pub fn keep_non_tensors_float(&mut self, g: &Graph) {
+        for (id, node) in g.nodes() {
+            let Some(why) = non_tensor_reason(g, node) else { continue };
+            let group = self.nodes.remove(&id).map(|a| a.group).unwrap_or_default();
+            for n in group.into_iter().filter(|&n| n != id) {
+                if self.nodes.remove(&n).is_some() {
+                    self.float.retain(|f| f.node != n);
+                    let reason = format!("it is quantized as one unit with '{}', which {why}", node.display_name(id));
+                    self.float.push(FloatReason { node: n, kind: FloatKind::NotSupported, reason });
+                }
+            }
+            self.float.retain(|f| f.node != id);
+            self.float.push(FloatReason { node: id, kind: FloatKind::NotSupported, reason: why });
+        }
+    }
+}
+
+/// Ops that take or produce sequences or optionals by definition.
+pub const NON_TENSOR_OPS: &[&str] = &[
+    "SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt", "SequenceLength",
+    "ConcatFromSequence", "SplitToSequence", "SequenceMap", "Optional", "OptionalHasElement", "OptionalGetElement",
+];
+
+/// Why `node` cannot be quantized when it reads or produces a sequence or an optional.
+fn non_tensor_reason(g: &Graph, node: &Node) -> Option<String> {
+    const NEVER: &str = "sequences and optionals are not tensors and are never quantized";
+    let typed = |v: qforge_ir::ValueId| g.value(v).ok().and_then(|x| x.ty.as_ref()).filter(|t| matches!(t, ValueType::Sequence(_) | ValueType::Optional(_))).map(|t| (g.value_name(v), t.clone()));
+    let read = node.inputs.iter().flatten().find_map(|&v| typed(v)).map(|x| ("reads", x));
+    match read.or_else(|| node.outputs.iter().flatten().find_map(|&v| typed(v)).map(|x| ("produces", x))) {
+        Some((verb, (name, ty))) => Some(format!("it {verb} '{name}' ({ty}): {NEVER}")),
+        None if node.domain.is_empty() && NON_TENSOR_OPS.contains(&node.op_type.as_str()) => Some(format!("{} works on sequences or optionals: {NEVER}", node.op_type)),
+        None => None,
     }
 }

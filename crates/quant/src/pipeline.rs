@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use qforge_ir::{Graph, GraphPath, Model, NodeId, Tensor};
-use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, ValueEvent};
+use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, Value, ValueEvent};
 use rayon::prelude::*;
 
 use crate::annotation::{Annotations, FloatKind};
@@ -217,7 +217,11 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     m.graph.check().map_err(stage("fuse"))?;
     qforge_ir::infer::infer_model(&mut m);
     let all = m.graph.graphs();
-    let mut annotated: Vec<_> = all.iter().map(|(_, g)| quantizer.annotate(g)).collect();
+    let mut annotated: Vec<_> = all.iter().map(|(_, g)| {
+        let mut a = quantizer.annotate(g);
+        a.keep_non_tensors_float(g);
+        a
+    }).collect();
     if opts.strict {
         let rejected: Vec<String> = all.iter().zip(&annotated).flat_map(|((_, g), a)| {
             a.float.iter().filter(|f| f.kind == FloatKind::ConfigRejected).map(|f| format!("{}: {}", g.node(f.node).map(|n| n.display_name(f.node)).unwrap_or_default(), f.reason)).collect::<Vec<_>>()
@@ -295,7 +299,8 @@ fn widen_narrow_concats(all: &[(GraphPath, &Graph)], graph_names: &[String], pla
                 cause.entry(n).or_insert(x);
             }
         }
-        let Some(after) = (!cause.is_empty()).then(|| quantizer.annotate_wider(g, &cause.keys().copied().collect())).flatten() else { return before.clone() };
+        let Some(mut after) = (!cause.is_empty()).then(|| quantizer.annotate_wider(g, &cause.keys().copied().collect())).flatten() else { return before.clone() };
+        after.keep_non_tensors_float(g);
         let name = |n: NodeId| g.node(n).map(|x| x.display_name(n)).unwrap_or_default();
         for (&n, x) in &cause {
             let Some((from, to)) = changed(&after, n) else { continue };
@@ -358,7 +363,8 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputS
     let run_one = |plan: &mut QuantPlan, stats: &mut InputStats, i: usize| -> Result<(), QuantizeError> {
         let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
         let mut hooks = WithInputStats { inner: plan.calibrator(), stats };
-        session.run_with_hooks(feed, &mut hooks).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
+        let feed = feed.into_iter().map(|(name, t)| (name, Value::Tensor(t))).collect();
+        session.run_values_with_hooks(feed, &mut hooks).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
     };
     if workers <= 1 {
         for i in 0..n {

@@ -143,6 +143,12 @@ impl Session {
         self.run_inner(tensors_in(inputs), Some(hooks), None).and_then(tensors_out)
     }
 
+    /// [`Session::run_values`], reporting every produced tensor to `hooks` (which may replace
+    /// it).
+    pub fn run_values_with_hooks(&self, inputs: Vec<(String, Value)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Value)>> {
+        self.run_inner(inputs, Some(hooks), None)
+    }
+
     /// [`Session::run`], also returning the wall time of every executed node.
     pub fn run_profiled(&self, inputs: Vec<(String, Tensor)>) -> RuntimeResult<(Vec<(String, Tensor)>, Vec<StepTime>)> {
         let mut times = vec![];
