@@ -2,11 +2,12 @@
 1 and 2 threads, in one run.
 
     .cache/venv/bin/python bench/runtime_f32.py --qforge target/release/qforge [--rounds 3] [--runs 10]
+    .cache/venv/bin/python bench/runtime_f32.py --qforge before=OLD --qforge after=NEW
 
-Rounds interleave the two engines and thread counts; the table shows, per model and thread
-count, the median over rounds of each round's median latency, and qforge / ORT, then the
-fastest single run of each engine and their ratio (less sensitive to other load on the
-machine).
+Rounds interleave the engines (one or more qforge binaries, each `LABEL=PATH` or a path) and
+thread counts; the table shows, per model, thread count and qforge binary, the median over
+rounds of each round's median latency, and qforge / ORT, then the fastest single run of each
+engine and their ratio (less sensitive to other load on the machine).
 """
 import argparse
 import json
@@ -73,11 +74,12 @@ def qforge_median(tool, path, files, threads, runs):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--qforge", required=True)
+    p.add_argument("--qforge", required=True, action="append", help="LABEL=PATH or PATH; repeat to compare binaries")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--models", default=",".join(MODELS))
     args = p.parse_args()
+    tools = [q.split("=", 1) if "=" in q else ["qforge", q] for q in args.qforge]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -88,17 +90,19 @@ def main():
                 files[k] = os.path.join(tmp, f"{name}_{k}.npy")
                 np.save(files[k], v)
             for threads in (1, 2):
-                q, o = [], []
+                q, o = {label: [] for label, _ in tools}, []
                 for _ in range(args.rounds):
-                    q.append(qforge_median(args.qforge, path, files, threads, args.runs))
+                    for label, tool in tools:
+                        q[label].append(qforge_median(tool, path, files, threads, args.runs))
                     o.append(ort_median(path, feed, threads, args.runs))
-                rows.append((name, threads, float(np.median([x[0] for x in q])), float(np.median([x[0] for x in o])),
-                             min(x[1] for x in q), min(x[1] for x in o)))
-    print(f"{'model':<22} {'threads':>7} {'qforge ms':>10} {'ORT ms':>9} {'ratio':>7} {'qf best':>9} {'ORT best':>9} {'ratio':>7}")
-    for name, t, q, o, qb, ob in rows:
-        print(f"{name:<22} {t:>7} {q:>10.2f} {o:>9.2f} {q / o:>7.2f} {qb:>9.2f} {ob:>9.2f} {qb / ob:>7.2f}")
-    print(json.dumps([{"model": n, "threads": t, "qforge_ms": q, "ort_ms": o, "ratio": q / o, "qforge_best_ms": qb, "ort_best_ms": ob}
-                      for n, t, q, o, qb, ob in rows]))
+                for label, _ in tools:
+                    rows.append((name, threads, label, float(np.median([x[0] for x in q[label]])), float(np.median([x[0] for x in o])),
+                                 min(x[1] for x in q[label]), min(x[1] for x in o)))
+    print(f"{'model':<22} {'threads':>7} {'qforge':>8} {'qforge ms':>10} {'ORT ms':>9} {'ratio':>7} {'qf best':>9} {'ORT best':>9} {'ratio':>7}")
+    for name, t, label, q, o, qb, ob in rows:
+        print(f"{name:<22} {t:>7} {label:>8} {q:>10.2f} {o:>9.2f} {q / o:>7.2f} {qb:>9.2f} {ob:>9.2f} {qb / ob:>7.2f}")
+    print(json.dumps([{"model": n, "threads": t, "qforge": label, "qforge_ms": q, "ort_ms": o, "ratio": q / o, "qforge_best_ms": qb, "ort_best_ms": ob}
+                      for n, t, label, q, o, qb, ob in rows]))
 
 
 if __name__ == "__main__":
