@@ -1,6 +1,7 @@
 """Loads and runs float/quantized model pairs in ONNX Runtime (CPU, one thread) on ONNX
 backend-test inputs, and reports each quantized model that ONNX Runtime refuses, fails to run,
-or whose outputs differ from the float model's in type or shape.
+or whose outputs differ from the float model's in type or shape. Sequence outputs are compared
+tensor by tensor; an empty optional output must be empty in both.
 
     python scripts/oracle/ort_quantized_cases.py CASES.json
 
@@ -42,6 +43,19 @@ def feeds(model_path, data_dir):
     return out
 
 
+def tensors(outs):
+    """The outputs of a run as a flat list of arrays: a sequence output gives its tensors in
+    order, preceded by its length; an empty optional output gives None."""
+    flat = []
+    for o in outs:
+        if isinstance(o, list):
+            flat.append(np.asarray(len(o)))
+            flat.extend(np.asarray(t) for t in o)
+        else:
+            flat.append(o if o is None else np.asarray(o))
+    return flat
+
+
 def session(path):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
@@ -59,7 +73,7 @@ def main():
                 sets = [{k: np.load(v) for k, v in f.items()} for f in c["feeds"]]
             else:
                 sets = feeds(c["float"], c["data"])
-            float_outs = [sf.run(None, feed) for feed in sets]
+            float_outs = [tensors(sf.run(None, feed)) for feed in sets]
         except Exception:
             result["float_refused"].append(c["name"])
             continue
@@ -72,9 +86,12 @@ def main():
         worst = 0.0
         try:
             for feed, want in zip(sets, float_outs):
-                got = sq.run(None, feed)
+                got = tensors(sq.run(None, feed))
+                if len(got) != len(want) or any((a is None) != (b is None) for a, b in zip(want, got)):
+                    raise ValueError("the outputs differ in sequence lengths or empty optionals from the float model's")
                 for i, (a, b) in enumerate(zip(want, got)):
-                    a, b = np.asarray(a), np.asarray(b)
+                    if a is None:
+                        continue
                     if a.dtype != b.dtype or a.shape != b.shape:
                         raise ValueError(f"output {i}: {b.dtype}{list(b.shape)}, the float model gives {a.dtype}{list(a.shape)}")
                     if a.dtype.kind == "f" and a.size:
