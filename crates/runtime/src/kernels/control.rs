@@ -4,7 +4,7 @@
 use qforge_ir::{Attr, DType, NodeId, Tensor};
 
 use super::shape::{strided_copy, strides, transpose_tensor};
-use super::util::{axis, ints, opt_input};
+use super::util::{axis, ints, opt_input, opt_tensor_input, tensor_input};
 use crate::plan::Plan;
 use crate::{kernel_error, value_kernel, HookSink, Kernel, NodeInfo, Registry, RunCtx, RuntimeError, RuntimeResult, Value, ValueKernel, LATEST};
 
@@ -53,15 +53,6 @@ struct If {
     otherwise: Plan,
 }
 
-/// Input `i` as a tensor; an error when it is missing or another kind of value.
-pub(crate) fn tensor_input<'a>(ins: &[Option<&'a Value>], i: usize, what: &str) -> RuntimeResult<&'a Tensor> {
-    match ins.get(i).copied().flatten() {
-        Some(Value::Tensor(t)) => Ok(t),
-        Some(v) => Err(kernel_error(format!("{what} (input {i}) must be a tensor, got {v}"))),
-        None => Err(kernel_error(format!("{what} (input {i}) is required"))),
-    }
-}
-
 impl ValueKernel for If {
     fn run_values(&self, ins: &[Option<&Value>], ctx: &RunCtx) -> RuntimeResult<Vec<Value>> {
         let (branch, attr) = if scalar_bool(tensor_input(ins, 0, "the condition")?, "the condition")? { (&self.then, "then_branch") } else { (&self.otherwise, "else_branch") };
@@ -102,14 +93,8 @@ fn stack(parts: &[Tensor]) -> RuntimeResult<Tensor> {
 /// must be tensors and are stacked along a new leading axis.
 impl ValueKernel for Loop {
     fn run_values(&self, ins: &[Option<&Value>], ctx: &RunCtx) -> RuntimeResult<Vec<Value>> {
-        let max = match ins.first().copied().flatten() {
-            Some(_) => Some(tensor_input(ins, 0, "M")?.to_i64_vec().map_err(|e| kernel_error(e.to_string()))?.first().copied().unwrap_or(0)),
-            None => None,
-        };
-        let mut cond = match ins.get(1).copied().flatten() {
-            Some(_) => scalar_bool(tensor_input(ins, 1, "cond")?, "cond")?,
-            None => true,
-        };
+        let max = opt_tensor_input(ins, 0, "M")?.map(|t| t.to_i64_vec().map_err(|e| kernel_error(e.to_string())).map(|v| v.first().copied().unwrap_or(0))).transpose()?;
+        let mut cond = opt_tensor_input(ins, 1, "cond")?.map(|t| scalar_bool(t, "cond")).transpose()?.unwrap_or(true);
         let mut carried: Vec<Value> = ins.iter().skip(2).map(|t| t.cloned().ok_or_else(|| kernel_error("loop-carried values must be given"))).collect::<RuntimeResult<_>>()?;
         let n = carried.len();
         let mut scans: Vec<Vec<Tensor>> = vec![];

@@ -3,9 +3,9 @@
 
 use qforge_ir::{Attr, DType, NodeId, Tensor, ValueType};
 
-use super::control::{run_subgraph, tensor_input};
+use super::control::run_subgraph;
 use super::shape::{concat_tensors, split_tensor};
-use super::util::{axis, ints, single_int};
+use super::util::{axis, ints, opt_tensor_input, single_int, tensor_input, value_input, values_fn};
 use crate::plan::Plan;
 use crate::{kernel_error, value_kernel, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, Sequence, Value, ValueKernel, LATEST};
 
@@ -25,30 +25,6 @@ pub fn register(r: &mut Registry) {
     r.add("", "OptionalGetElement", 15, LATEST, optional_get_element);
 }
 
-struct FnValueKernel<F>(F);
-
-impl<F> ValueKernel for FnValueKernel<F>
-where
-    F: Fn(&[Option<&Value>]) -> RuntimeResult<Vec<Value>> + Send + Sync,
-{
-    fn run_values(&self, inputs: &[Option<&Value>], _ctx: &RunCtx) -> RuntimeResult<Vec<Value>> {
-        (self.0)(inputs)
-    }
-}
-
-/// Boxes a closure over values as a kernel (see [`crate::ValueKernel`]).
-pub(crate) fn values_fn<F>(f: F) -> RuntimeResult<Box<dyn Kernel>>
-where
-    F: Fn(&[Option<&Value>]) -> RuntimeResult<Vec<Value>> + Send + Sync + 'static,
-{
-    value_kernel(FnValueKernel(f))
-}
-
-/// Input `i`, which must be present.
-pub(crate) fn value_input<'a>(ins: &[Option<&'a Value>], i: usize) -> RuntimeResult<&'a Value> {
-    ins.get(i).copied().flatten().ok_or_else(|| kernel_error(format!("input {i} is required")))
-}
-
 /// Input `i` as a sequence.
 fn sequence_input<'a>(ins: &[Option<&'a Value>], i: usize) -> RuntimeResult<&'a Sequence> {
     match value_input(ins, i)? {
@@ -59,10 +35,7 @@ fn sequence_input<'a>(ins: &[Option<&'a Value>], i: usize) -> RuntimeResult<&'a 
 
 /// Optional input `i` as one integer (a position), when given.
 fn position_input(ins: &[Option<&Value>], i: usize) -> RuntimeResult<Option<i64>> {
-    match ins.get(i).copied().flatten() {
-        None => Ok(None),
-        Some(_) => single_int(tensor_input(ins, i, "position")?, "position").map(Some),
-    }
+    opt_tensor_input(ins, i, "position")?.map(|t| single_int(t, "position")).transpose()
 }
 
 /// `position` in `[-len, len - 1]` (or `[-len, len]` when `end_ok`, for inserting) as an index.
@@ -195,10 +168,7 @@ fn split_to_sequence(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let x = tensor_input(ins, 0, "input")?;
         let ax = axis(a, x.rank())?;
         let d = x.shape()[ax];
-        let split = match ins.get(1).copied().flatten() {
-            Some(_) => Some(tensor_input(ins, 1, "split")?),
-            None => None,
-        };
+        let split = opt_tensor_input(ins, 1, "split")?;
         let sizes: Vec<usize> = match split {
             Some(t) if t.rank() == 0 => {
                 let n = single_int(t, "split")?;

@@ -4,7 +4,7 @@ use half::{bf16, f16};
 use qforge_ir::{DType, Tensor};
 
 use super::select::gather_blocks;
-use super::util::{axis, broadcast_shape, broadcast_to, check_output_size, gather_elements, input, ints, kernel, opt_input, single_int, tensor};
+use super::util::{axis, broadcast_shape, broadcast_to, check_output_size, gather_elements, input, ints, kernel, opt_input, single_int, tensor, value_input, values_fn};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers the shape and data-movement operators.
@@ -92,7 +92,7 @@ fn from_i64(to: DType, shape: &[usize], v: Vec<i64>) -> RuntimeResult<Tensor> {
 
 /// Identity: passes any value on (tensor, sequence or optional).
 fn identity(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    super::sequence::values_fn(|ins| Ok(vec![super::sequence::value_input(ins, 0)?.clone()]))
+    values_fn(|ins| Ok(vec![value_input(ins, 0)?.clone()]))
 }
 
 fn dropout(_: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {

@@ -4,7 +4,7 @@ use std::mem::MaybeUninit;
 
 use qforge_ir::{DType, Elem, Tensor};
 
-use crate::{kernel_error, Kernel, RunCtx, RuntimeResult};
+use crate::{kernel_error, value_kernel, Kernel, RunCtx, RuntimeResult, Value, ValueKernel};
 
 /// A kernel from a closure over the inputs.
 pub struct FnKernel<F>(pub F);
@@ -24,6 +24,25 @@ where
     F: Fn(&[Option<&Tensor>]) -> RuntimeResult<Vec<Tensor>> + Send + Sync + 'static,
 {
     Ok(Box::new(FnKernel(f)))
+}
+
+struct FnValueKernel<F>(F);
+
+impl<F> ValueKernel for FnValueKernel<F>
+where
+    F: Fn(&[Option<&Value>]) -> RuntimeResult<Vec<Value>> + Send + Sync,
+{
+    fn run_values(&self, inputs: &[Option<&Value>], _ctx: &RunCtx) -> RuntimeResult<Vec<Value>> {
+        (self.0)(inputs)
+    }
+}
+
+/// Boxes a closure over values (sequences, optionals) as a kernel (see [`ValueKernel`]).
+pub fn values_fn<F>(f: F) -> RuntimeResult<Box<dyn Kernel>>
+where
+    F: Fn(&[Option<&Value>]) -> RuntimeResult<Vec<Value>> + Send + Sync + 'static,
+{
+    value_kernel(FnValueKernel(f))
 }
 
 /// Storage for `len` elements that a kernel writes completely before anything reads it: the
@@ -89,6 +108,26 @@ pub fn input<'a>(ins: &[Option<&'a Tensor>], i: usize) -> RuntimeResult<&'a Tens
 /// Input `i` if given.
 pub fn opt_input<'a>(ins: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
     ins.get(i).copied().flatten()
+}
+
+/// Input `i` of a [`ValueKernel`], which must be present.
+pub fn value_input<'a>(ins: &[Option<&'a Value>], i: usize) -> RuntimeResult<&'a Value> {
+    ins.get(i).copied().flatten().ok_or_else(|| kernel_error(format!("input {i} is required")))
+}
+
+/// Input `i` of a [`ValueKernel`] as a tensor; an error naming it `what` when it is missing or
+/// another kind of value.
+pub fn tensor_input<'a>(ins: &[Option<&'a Value>], i: usize, what: &str) -> RuntimeResult<&'a Tensor> {
+    opt_tensor_input(ins, i, what)?.ok_or_else(|| kernel_error(format!("{what} (input {i}) is required")))
+}
+
+/// Input `i` of a [`ValueKernel`] as a tensor, if given.
+pub fn opt_tensor_input<'a>(ins: &[Option<&'a Value>], i: usize, what: &str) -> RuntimeResult<Option<&'a Tensor>> {
+    match ins.get(i).copied().flatten() {
+        None => Ok(None),
+        Some(Value::Tensor(t)) => Ok(Some(t)),
+        Some(v) => Err(kernel_error(format!("{what} (input {i}) must be a tensor, got {v}"))),
+    }
 }
 
 /// A typed view, with the error naming the input.
