@@ -30,9 +30,9 @@ impl Bytes {
     /// Zeroed storage of `len` bytes for elements `width` bytes wide.
     fn zeroed(len: usize, width: usize) -> Bytes {
         match width {
-            8 if len % 8 == 0 => Bytes::W8(vec![0; len / 8]),
-            4 if len % 4 == 0 => Bytes::W4(vec![0; len / 4]),
-            2 if len % 2 == 0 => Bytes::W2(vec![0; len / 2]),
+            8 if len.is_multiple_of(8) => Bytes::W8(vec![0; len / 8]),
+            4 if len.is_multiple_of(4) => Bytes::W4(vec![0; len / 4]),
+            2 if len.is_multiple_of(2) => Bytes::W2(vec![0; len / 2]),
             _ => Bytes::W1(vec![0; len]),
         }
     }

@@ -13,7 +13,7 @@ fn tiny() -> Session {
 }
 
 fn err(r: Result<Vec<(String, Tensor)>, RuntimeError>) -> String {
-    r.err().expect("the run must fail").to_string()
+    r.expect_err("the run must fail").to_string()
 }
 
 #[test]

@@ -92,13 +92,13 @@ fn data(n: usize, scale_of: impl Fn(usize) -> (f32, i64), d: DType, huge: bool, 
         let (s, z) = scale_of(i);
         let k = (lo - z - 3) as f32 + (rng.next() % ((hi - lo + 7) as u64)) as f32;
         match rng.next() % 12 {
-            0 | 1 | 2 => (k + 0.5) * s,
+            0..=2 => (k + 0.5) * s,
             3 => k * s,
             4 => -0.0,
             5 => 0.0,
-            6 => (if rng.next() % 2 == 0 { 1.0 } else { -1.0 }) * if huge { 1e30 } else { 1e9 * s },
-            7 => ((hi - z) as f32 + 0.5) * s * if rng.next() % 2 == 0 { 1.0 } else { -1.0 },
-            8 if huge => if rng.next() % 2 == 0 { f32::INFINITY } else { f32::NEG_INFINITY },
+            6 => (if rng.next().is_multiple_of(2) { 1.0 } else { -1.0 }) * if huge { 1e30 } else { 1e9 * s },
+            7 => ((hi - z) as f32 + 0.5) * s * if rng.next().is_multiple_of(2) { 1.0 } else { -1.0 },
+            8 if huge => if rng.next().is_multiple_of(2) { f32::INFINITY } else { f32::NEG_INFINITY },
             8 => -2e9 * s,
             9 => -(0.5 * s),
             _ => (rng.unit() * 2.0 - 1.0) * s * (hi - lo) as f32,

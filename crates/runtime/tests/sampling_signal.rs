@@ -24,7 +24,7 @@ fn one_node(op: &str, opset: i64, inputs: &[&str], attrs: Vec<(&str, Attr)>) -> 
 
 /// The error of running `s` on `feeds`.
 fn run_err(s: &Session, feeds: Vec<(&str, Tensor)>) -> String {
-    s.run(feeds.into_iter().map(|(n, t)| (n.to_string(), t)).collect()).err().expect("the run must fail").to_string()
+    s.run(feeds.into_iter().map(|(n, t)| (n.to_string(), t)).collect()).expect_err("the run must fail").to_string()
 }
 
 fn f32s(shape: &[usize]) -> Tensor {

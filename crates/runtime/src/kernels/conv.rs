@@ -2005,6 +2005,185 @@ fn add_strided(out: &mut [f32], row: &[f32], offset: isize, stride: usize) {
     }
 }
 
+/// A positive size of a shape-like input (`image_shape`, `block_shape`); the error names it.
+fn positive_sizes(t: &Tensor, what: &str) -> RuntimeResult<Vec<usize>> {
+    super::util::ints(t, what)?.iter().map(|&v| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| kernel_error(format!("{what} holds {v}; sizes must be positive")))).collect()
+}
+
+/// For each kernel tap (row-major over `axes`' kernel sizes) and each window position
+/// (row-major over their outputs), the flat index in the image (row-major over their
+/// inputs) that the tap reads at that position, or `None` where it falls in the padding.
+fn tap_positions(axes: &[Axis]) -> Vec<Option<usize>> {
+    let taps: usize = axes.iter().map(|a| a.kernel).product();
+    let blocks: usize = axes.iter().map(|a| a.output).product();
+    let mut map = Vec::with_capacity(taps * blocks);
+    for tap in 0..taps {
+        for block in 0..blocks {
+            let (mut t, mut b, mut at) = (tap, block, Some(0usize));
+            let mut stride = 1;
+            for a in axes.iter().rev() {
+                let (k, o) = (t % a.kernel, b % a.output);
+                t /= a.kernel;
+                b /= a.output;
+                let c = (o * a.stride + k * a.dilation) as isize - a.pad_begin as isize;
+                at = at.filter(|_| c >= 0 && (c as usize) < a.input).map(|v| v + c as usize * stride);
+                stride *= a.input;
+            }
+            map.push(at);
+        }
+    }
+    map
+}
+
+/// Plans a Col2Im node (opset 18): input `[N, C * prod(block_shape), L]`, int64
+/// `image_shape` and `block_shape` (one positive size per spatial axis), attributes
+/// `dilations`, `pads` (begin values then end values) and `strides` (defaults 1, 0, 1). `L`
+/// must be the number of block positions the sliding window has in the padded image. Output
+/// `[N, C, image_shape...]`: each column value is added to the image element its kernel tap
+/// and block position cover (values in the padding are dropped).
+fn col2im(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let window = Window::from_node(info)?;
+    kernel(move |ins| {
+        let x = input(ins, 0)?;
+        let image = positive_sizes(input(ins, 1)?, "Col2Im image_shape")?;
+        let block = positive_sizes(input(ins, 2)?, "Col2Im block_shape")?;
+        if image.len() != block.len() || image.is_empty() {
+            return Err(kernel_error(format!("Col2Im: image_shape {image:?} and block_shape {block:?} must have one size per spatial axis (at least one)")));
+        }
+        let axes = window.axes(&image, &block).map_err(|e| kernel_error(format!("Col2Im: {e}")))?;
+        let taps = block.iter().try_fold(1usize, |p, &k| p.checked_mul(k)).ok_or_else(|| kernel_error(format!("Col2Im: block_shape {block:?} is too large")))?;
+        let blocks: usize = axes.iter().map(|a| a.output).product();
+        let s = x.shape();
+        if s.len() != 3 || s[1] % taps != 0 || s[2] != blocks {
+            return Err(kernel_error(format!("Col2Im: input shape {s:?} must be [N, C * {taps}, {blocks}] for image_shape {image:?} and block_shape {block:?}")));
+        }
+        let (n, c) = (s[0], s[1] / taps);
+        let mut out_shape = vec![n, c];
+        out_shape.extend(&image);
+        check_output_size("Col2Im output", x.dtype(), &out_shape)?;
+        check_output_size("Col2Im tap map", DType::I64, &[taps, blocks])?;
+        let plane: usize = image.iter().product();
+        let map = tap_positions(&axes);
+        let xv = to_f32(x)?;
+        let mut out = vec![0f32; n * c * plane];
+        par_chunks_mut(&mut out, plane, min_items(taps * blocks * ELEMENT_WORK), || (), |_, p, dst| {
+            let src = &xv[p * taps * blocks..(p + 1) * taps * blocks];
+            for (v, at) in src.iter().zip(&map) {
+                if let Some(at) = *at {
+                    dst[at] += v;
+                }
+            }
+        });
+        Ok(vec![from_f32(x.dtype(), &out_shape, out)?])
+    })
+}
+
+/// The value of the `h x w` image `img` at the fractional position `(y, x)`, interpolated
+/// bilinearly from its four neighbours; neighbours outside the image count as zero.
+fn bilinear_zero_padded(img: &[f32], h: usize, w: usize, y: f32, x: f32) -> f32 {
+    if !(y > -1.0 && x > -1.0 && y < h as f32 && x < w as f32) {
+        return 0.0;
+    }
+    let (y0, x0) = (y.floor(), x.floor());
+    let (fy, fx) = (y - y0, x - x0);
+    let (y0, x0) = (y0 as isize, x0 as isize);
+    let at = |r: isize, c: isize| if r >= 0 && c >= 0 && (r as usize) < h && (c as usize) < w { img[r as usize * w + c as usize] } else { 0.0 };
+    (1.0 - fy) * ((1.0 - fx) * at(y0, x0) + fx * at(y0, x0 + 1)) + fy * ((1.0 - fx) * at(y0 + 1, x0) + fx * at(y0 + 1, x0 + 1))
+}
+
+/// Plans a DeformConv node (opsets 19, 22), 2-D: X `[N, C, H, W]`, W `[M, C / group, kH,
+/// kW]`, offset `[N, offset_group * 2 * kH * kW, oH, oW]` (per offset group and kernel tap,
+/// the row then column shift), optional B `[M]` and mask `[N, offset_group * kH * kW, oH,
+/// oW]`; attributes `dilations`, `group`, `kernel_shape` (default: W's), `offset_group`,
+/// `pads`, `strides`. Output `[N, M, oH, oW]`, where `oH, oW` follow from the window geometry
+/// and must match offset's. Each kernel tap reads its input channel bilinearly (zero outside
+/// the image) at the tap's regular position plus the shift of the channel's offset group,
+/// scaled by the mask; per image and group the sampled columns multiply the weights in one
+/// GEMM.
+fn deform_conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
+    let window = Window::from_node(info)?;
+    let group = info.attr_int("group", 1);
+    let offset_group = info.attr_int("offset_group", 1);
+    if group < 1 || offset_group < 1 {
+        return Err(info.error(format!("group {group} and offset_group {offset_group} must be positive")));
+    }
+    let (group, offset_group) = (group as usize, offset_group as usize);
+    kernel(move |ins| {
+        let (x, w, offset) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
+        let (xs, ws, os) = (x.shape(), w.shape(), offset.shape());
+        if xs.len() != 4 || ws.len() != 4 || os.len() != 4 {
+            return Err(kernel_error(format!("DeformConv: X {xs:?}, W {ws:?} and offset {os:?} must all be 4-D (only 2-D DeformConv is supported)")));
+        }
+        let (n, c, ih, iw) = (xs[0], xs[1], xs[2], xs[3]);
+        let m = ws[0];
+        if ws[1] * group != c || m % group != 0 || c % offset_group != 0 {
+            return Err(kernel_error(format!("DeformConv: X {xs:?} and W {ws:?} do not fit group {group} and offset_group {offset_group}")));
+        }
+        let kernel_shape = window.kernel.clone().unwrap_or_else(|| ws[2..].to_vec());
+        if kernel_shape != ws[2..] {
+            return Err(kernel_error(format!("DeformConv: kernel_shape {kernel_shape:?} differs from W's kernel {:?}", &ws[2..])));
+        }
+        let axes = window.axes(&xs[2..], &kernel_shape).map_err(|e| kernel_error(format!("DeformConv: {e}")))?;
+        let (ha, wa) = (axes[0], axes[1]);
+        let (oh, ow) = (ha.output, wa.output);
+        let taps = ha.kernel * wa.kernel;
+        let sites = oh * ow;
+        if os != [n, offset_group * 2 * taps, oh, ow] {
+            return Err(kernel_error(format!("DeformConv: offset has shape {os:?}; expected {:?}", [n, offset_group * 2 * taps, oh, ow])));
+        }
+        let mask = match opt_input(ins, 4) {
+            Some(t) if t.shape() != [n, offset_group * taps, oh, ow] => return Err(kernel_error(format!("DeformConv: mask has shape {:?}; expected {:?}", t.shape(), [n, offset_group * taps, oh, ow]))),
+            Some(t) => Some(to_f32(t)?),
+            None => None,
+        };
+        let bias = match opt_input(ins, 3) {
+            Some(t) if t.shape() != [m] => return Err(kernel_error(format!("DeformConv: B has shape {:?}; expected [{m}]", t.shape()))),
+            Some(t) => Some(to_f32(t)?),
+            None => None,
+        };
+        let out_shape = [n, m, oh, ow];
+        check_output_size("DeformConv output", x.dtype(), &out_shape)?;
+        check_output_size("DeformConv columns", DType::F32, &[c * taps, sites])?;
+        let (xv, wv, ov) = (to_f32(x)?, to_f32(w)?, to_f32(offset)?);
+        let (cg, mg, channels_per_offset_group) = (c / group, m / group, c / offset_group);
+        let mut out = vec![0f32; n * m * sites];
+        let mut columns = vec![0f32; c * taps * sites];
+        for b in 0..n {
+            par_chunks_mut(&mut columns, taps * sites, min_items(taps * sites * ELEMENT_WORK), || (), |_, ch, col| {
+                let og = ch / channels_per_offset_group;
+                let img = &xv[(b * c + ch) * ih * iw..(b * c + ch + 1) * ih * iw];
+                let shifts = &ov[(b * offset_group + og) * 2 * taps * sites..(b * offset_group + og + 1) * 2 * taps * sites];
+                for tap in 0..taps {
+                    let (ky, kx) = (tap / wa.kernel, tap % wa.kernel);
+                    let row = &mut col[tap * sites..(tap + 1) * sites];
+                    for (site, v) in row.iter_mut().enumerate() {
+                        let (oy, ox) = (site / ow, site % ow);
+                        let y = (oy * ha.stride + ky * ha.dilation) as f32 - ha.pad_begin as f32 + shifts[2 * tap * sites + site];
+                        let xpos = (ox * wa.stride + kx * wa.dilation) as f32 - wa.pad_begin as f32 + shifts[(2 * tap + 1) * sites + site];
+                        let scale = mask.as_ref().map_or(1.0, |mv| mv[((b * offset_group + og) * taps + tap) * sites + site]);
+                        *v = scale * bilinear_zero_padded(img, ih, iw, y, xpos);
+                    }
+                }
+            });
+            for g in 0..group {
+                let dst = &mut out[(b * m + g * mg) * sites..(b * m + (g + 1) * mg) * sites];
+                if let Some(bv) = &bias {
+                    for (o, plane) in dst.chunks_mut(sites.max(1)).enumerate() {
+                        plane.fill(bv[g * mg + o]);
+                    }
+                }
+                if mg > 0 && sites > 0 && cg * taps > 0 {
+                    let wg = &wv[g * mg * cg * taps..(g + 1) * mg * cg * taps];
+                    let colg = &columns[g * cg * taps * sites..(g + 1) * cg * taps * sites];
+                    // SAFETY: `dst` holds `mg * sites` elements, the `mg x sites` product with row stride `sites`.
+                    unsafe { sgemm_into(mg, sites, cg * taps, MatRef::rows(wg, cg * taps), MatRef::rows(colg, sites), dst.as_mut_ptr(), sites, true, true) };
+                }
+            }
+        }
+        Ok(vec![from_f32(x.dtype(), &out_shape, out)?])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2414,183 +2593,4 @@ mod tests {
             }
         }
     }
-}
-
-/// A positive size of a shape-like input (`image_shape`, `block_shape`); the error names it.
-fn positive_sizes(t: &Tensor, what: &str) -> RuntimeResult<Vec<usize>> {
-    super::util::ints(t, what)?.iter().map(|&v| usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| kernel_error(format!("{what} holds {v}; sizes must be positive")))).collect()
-}
-
-/// For each kernel tap (row-major over `axes`' kernel sizes) and each window position
-/// (row-major over their outputs), the flat index in the image (row-major over their
-/// inputs) that the tap reads at that position, or `None` where it falls in the padding.
-fn tap_positions(axes: &[Axis]) -> Vec<Option<usize>> {
-    let taps: usize = axes.iter().map(|a| a.kernel).product();
-    let blocks: usize = axes.iter().map(|a| a.output).product();
-    let mut map = Vec::with_capacity(taps * blocks);
-    for tap in 0..taps {
-        for block in 0..blocks {
-            let (mut t, mut b, mut at) = (tap, block, Some(0usize));
-            let mut stride = 1;
-            for a in axes.iter().rev() {
-                let (k, o) = (t % a.kernel, b % a.output);
-                t /= a.kernel;
-                b /= a.output;
-                let c = (o * a.stride + k * a.dilation) as isize - a.pad_begin as isize;
-                at = at.filter(|_| c >= 0 && (c as usize) < a.input).map(|v| v + c as usize * stride);
-                stride *= a.input;
-            }
-            map.push(at);
-        }
-    }
-    map
-}
-
-/// Plans a Col2Im node (opset 18): input `[N, C * prod(block_shape), L]`, int64
-/// `image_shape` and `block_shape` (one positive size per spatial axis), attributes
-/// `dilations`, `pads` (begin values then end values) and `strides` (defaults 1, 0, 1). `L`
-/// must be the number of block positions the sliding window has in the padded image. Output
-/// `[N, C, image_shape...]`: each column value is added to the image element its kernel tap
-/// and block position cover (values in the padding are dropped).
-fn col2im(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    let window = Window::from_node(info)?;
-    kernel(move |ins| {
-        let x = input(ins, 0)?;
-        let image = positive_sizes(input(ins, 1)?, "Col2Im image_shape")?;
-        let block = positive_sizes(input(ins, 2)?, "Col2Im block_shape")?;
-        if image.len() != block.len() || image.is_empty() {
-            return Err(kernel_error(format!("Col2Im: image_shape {image:?} and block_shape {block:?} must have one size per spatial axis (at least one)")));
-        }
-        let axes = window.axes(&image, &block).map_err(|e| kernel_error(format!("Col2Im: {e}")))?;
-        let taps = block.iter().try_fold(1usize, |p, &k| p.checked_mul(k)).ok_or_else(|| kernel_error(format!("Col2Im: block_shape {block:?} is too large")))?;
-        let blocks: usize = axes.iter().map(|a| a.output).product();
-        let s = x.shape();
-        if s.len() != 3 || s[1] % taps != 0 || s[2] != blocks {
-            return Err(kernel_error(format!("Col2Im: input shape {s:?} must be [N, C * {taps}, {blocks}] for image_shape {image:?} and block_shape {block:?}")));
-        }
-        let (n, c) = (s[0], s[1] / taps);
-        let mut out_shape = vec![n, c];
-        out_shape.extend(&image);
-        check_output_size("Col2Im output", x.dtype(), &out_shape)?;
-        check_output_size("Col2Im tap map", DType::I64, &[taps, blocks])?;
-        let plane: usize = image.iter().product();
-        let map = tap_positions(&axes);
-        let xv = to_f32(x)?;
-        let mut out = vec![0f32; n * c * plane];
-        par_chunks_mut(&mut out, plane, min_items(taps * blocks * ELEMENT_WORK), || (), |_, p, dst| {
-            let src = &xv[p * taps * blocks..(p + 1) * taps * blocks];
-            for (v, at) in src.iter().zip(&map) {
-                if let Some(at) = *at {
-                    dst[at] += v;
-                }
-            }
-        });
-        Ok(vec![from_f32(x.dtype(), &out_shape, out)?])
-    })
-}
-
-/// The value of the `h x w` image `img` at the fractional position `(y, x)`, interpolated
-/// bilinearly from its four neighbours; neighbours outside the image count as zero.
-fn bilinear_zero_padded(img: &[f32], h: usize, w: usize, y: f32, x: f32) -> f32 {
-    if !(y > -1.0 && x > -1.0 && y < h as f32 && x < w as f32) {
-        return 0.0;
-    }
-    let (y0, x0) = (y.floor(), x.floor());
-    let (fy, fx) = (y - y0, x - x0);
-    let (y0, x0) = (y0 as isize, x0 as isize);
-    let at = |r: isize, c: isize| if r >= 0 && c >= 0 && (r as usize) < h && (c as usize) < w { img[r as usize * w + c as usize] } else { 0.0 };
-    (1.0 - fy) * ((1.0 - fx) * at(y0, x0) + fx * at(y0, x0 + 1)) + fy * ((1.0 - fx) * at(y0 + 1, x0) + fx * at(y0 + 1, x0 + 1))
-}
-
-/// Plans a DeformConv node (opsets 19, 22), 2-D: X `[N, C, H, W]`, W `[M, C / group, kH,
-/// kW]`, offset `[N, offset_group * 2 * kH * kW, oH, oW]` (per offset group and kernel tap,
-/// the row then column shift), optional B `[M]` and mask `[N, offset_group * kH * kW, oH,
-/// oW]`; attributes `dilations`, `group`, `kernel_shape` (default: W's), `offset_group`,
-/// `pads`, `strides`. Output `[N, M, oH, oW]`, where `oH, oW` follow from the window geometry
-/// and must match offset's. Each kernel tap reads its input channel bilinearly (zero outside
-/// the image) at the tap's regular position plus the shift of the channel's offset group,
-/// scaled by the mask; per image and group the sampled columns multiply the weights in one
-/// GEMM.
-fn deform_conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
-    let window = Window::from_node(info)?;
-    let group = info.attr_int("group", 1);
-    let offset_group = info.attr_int("offset_group", 1);
-    if group < 1 || offset_group < 1 {
-        return Err(info.error(format!("group {group} and offset_group {offset_group} must be positive")));
-    }
-    let (group, offset_group) = (group as usize, offset_group as usize);
-    kernel(move |ins| {
-        let (x, w, offset) = (input(ins, 0)?, input(ins, 1)?, input(ins, 2)?);
-        let (xs, ws, os) = (x.shape(), w.shape(), offset.shape());
-        if xs.len() != 4 || ws.len() != 4 || os.len() != 4 {
-            return Err(kernel_error(format!("DeformConv: X {xs:?}, W {ws:?} and offset {os:?} must all be 4-D (only 2-D DeformConv is supported)")));
-        }
-        let (n, c, ih, iw) = (xs[0], xs[1], xs[2], xs[3]);
-        let m = ws[0];
-        if ws[1] * group != c || m % group != 0 || c % offset_group != 0 {
-            return Err(kernel_error(format!("DeformConv: X {xs:?} and W {ws:?} do not fit group {group} and offset_group {offset_group}")));
-        }
-        let kernel_shape = window.kernel.clone().unwrap_or_else(|| ws[2..].to_vec());
-        if kernel_shape != ws[2..] {
-            return Err(kernel_error(format!("DeformConv: kernel_shape {kernel_shape:?} differs from W's kernel {:?}", &ws[2..])));
-        }
-        let axes = window.axes(&xs[2..], &kernel_shape).map_err(|e| kernel_error(format!("DeformConv: {e}")))?;
-        let (ha, wa) = (axes[0], axes[1]);
-        let (oh, ow) = (ha.output, wa.output);
-        let taps = ha.kernel * wa.kernel;
-        let sites = oh * ow;
-        if os != [n, offset_group * 2 * taps, oh, ow] {
-            return Err(kernel_error(format!("DeformConv: offset has shape {os:?}; expected {:?}", [n, offset_group * 2 * taps, oh, ow])));
-        }
-        let mask = match opt_input(ins, 4) {
-            Some(t) if t.shape() != [n, offset_group * taps, oh, ow] => return Err(kernel_error(format!("DeformConv: mask has shape {:?}; expected {:?}", t.shape(), [n, offset_group * taps, oh, ow]))),
-            Some(t) => Some(to_f32(t)?),
-            None => None,
-        };
-        let bias = match opt_input(ins, 3) {
-            Some(t) if t.shape() != [m] => return Err(kernel_error(format!("DeformConv: B has shape {:?}; expected [{m}]", t.shape()))),
-            Some(t) => Some(to_f32(t)?),
-            None => None,
-        };
-        let out_shape = [n, m, oh, ow];
-        check_output_size("DeformConv output", x.dtype(), &out_shape)?;
-        check_output_size("DeformConv columns", DType::F32, &[c * taps, sites])?;
-        let (xv, wv, ov) = (to_f32(x)?, to_f32(w)?, to_f32(offset)?);
-        let (cg, mg, channels_per_offset_group) = (c / group, m / group, c / offset_group);
-        let mut out = vec![0f32; n * m * sites];
-        let mut columns = vec![0f32; c * taps * sites];
-        for b in 0..n {
-            par_chunks_mut(&mut columns, taps * sites, min_items(taps * sites * ELEMENT_WORK), || (), |_, ch, col| {
-                let og = ch / channels_per_offset_group;
-                let img = &xv[(b * c + ch) * ih * iw..(b * c + ch + 1) * ih * iw];
-                let shifts = &ov[(b * offset_group + og) * 2 * taps * sites..(b * offset_group + og + 1) * 2 * taps * sites];
-                for tap in 0..taps {
-                    let (ky, kx) = (tap / wa.kernel, tap % wa.kernel);
-                    let row = &mut col[tap * sites..(tap + 1) * sites];
-                    for (site, v) in row.iter_mut().enumerate() {
-                        let (oy, ox) = (site / ow, site % ow);
-                        let y = (oy * ha.stride + ky * ha.dilation) as f32 - ha.pad_begin as f32 + shifts[2 * tap * sites + site];
-                        let xpos = (ox * wa.stride + kx * wa.dilation) as f32 - wa.pad_begin as f32 + shifts[(2 * tap + 1) * sites + site];
-                        let scale = mask.as_ref().map_or(1.0, |mv| mv[((b * offset_group + og) * taps + tap) * sites + site]);
-                        *v = scale * bilinear_zero_padded(img, ih, iw, y, xpos);
-                    }
-                }
-            });
-            for g in 0..group {
-                let dst = &mut out[(b * m + g * mg) * sites..(b * m + (g + 1) * mg) * sites];
-                if let Some(bv) = &bias {
-                    for (o, plane) in dst.chunks_mut(sites.max(1)).enumerate() {
-                        plane.fill(bv[g * mg + o]);
-                    }
-                }
-                if mg > 0 && sites > 0 && cg * taps > 0 {
-                    let wg = &wv[g * mg * cg * taps..(g + 1) * mg * cg * taps];
-                    let colg = &columns[g * cg * taps * sites..(g + 1) * cg * taps * sites];
-                    // SAFETY: `dst` holds `mg * sites` elements, the `mg x sites` product with row stride `sites`.
-                    unsafe { sgemm_into(mg, sites, cg * taps, MatRef::rows(wg, cg * taps), MatRef::rows(colg, sites), dst.as_mut_ptr(), sites, true, true) };
-                }
-            }
-        }
-        Ok(vec![from_f32(x.dtype(), &out_shape, out)?])
-    })
 }

@@ -905,7 +905,7 @@ fn qlinear_softmax(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
         let sy = scale_of(input(ins, 3)?, "Y_scale")?;
         let zy = zero_point_of(opt_input(ins, 4), dtype, "Y_zero_point")?;
         let shape = x.shape();
-        if x.len() == 0 {
+        if x.is_empty() {
             return Ok(vec![x.clone()]);
         }
         let ax = norm_axis(axis, shape.len().max(1))?;

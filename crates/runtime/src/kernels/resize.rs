@@ -216,9 +216,9 @@ fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
             Some(a) => a.iter().map(|&v| super::util::axis(v, r)).collect::<RuntimeResult<_>>()?,
             None => (0..r).collect(),
         };
-        let scales_t = p.scales_input.and_then(|i| opt_input(ins, i)).filter(|t| t.len() > 0);
-        let sizes_t = if p.scales_input == Some(2) { opt_input(ins, 3).filter(|t| t.len() > 0) } else { None };
-        let roi_t = if p.scales_input == Some(2) { opt_input(ins, 1).filter(|t| t.len() > 0) } else { None };
+        let scales_t = p.scales_input.and_then(|i| opt_input(ins, i)).filter(|t| !t.is_empty());
+        let sizes_t = if p.scales_input == Some(2) { opt_input(ins, 3).filter(|t| !t.is_empty()) } else { None };
+        let roi_t = if p.scales_input == Some(2) { opt_input(ins, 1).filter(|t| !t.is_empty()) } else { None };
         let mut scales = vec![1f32; r];
         let mut out = s.clone();
         if let Some(sz) = sizes_t {

@@ -134,7 +134,7 @@ pub fn reshape_target(from: &[usize], spec: &[i64], allowzero: bool) -> RuntimeR
     }
     let known: usize = out.iter().product();
     if let Some(i) = infer {
-        if known == 0 || n % known != 0 {
+        if known == 0 || !n.is_multiple_of(known) {
             return Err(kernel_error(format!("cannot reshape {from:?} to {spec:?}")));
         }
         out[i] = n / known;

@@ -634,7 +634,7 @@ pub fn gather_elements(t: &Tensor, shape: &[usize], index: impl Iterator<Item = 
         return Tensor::from_strings(shape, v).map_err(|e| kernel_error(e.to_string()));
     }
     let width = t.dtype().bits() / 8;
-    if width == 0 || t.dtype().bits() % 8 != 0 {
+    if width == 0 || !t.dtype().bits().is_multiple_of(8) {
         return Err(kernel_error(format!("{} tensors are not supported here", t.dtype())));
     }
     let src = t.raw_bytes().unwrap();
