@@ -338,26 +338,8 @@ fn filter_u8(value: impl Fn(usize) -> u8, taps: &[(usize, Vec<i32>)], mut store:
 /// height or keeps one axis, and on 29 of 42 that shrink both axes (the others differ by
 /// one step in some pixels).
 fn resize_bilinear(src: &[u8], channels: usize, h: usize, w: usize, th: usize, tw: usize) -> Vec<u8> {
-    let horizontal = |src: &[u8], rows: usize| -> Vec<u8> {
-        let taps = bilinear_taps(w, tw);
-        let mut out = vec![0u8; rows * tw * channels];
-        for y in 0..rows {
-            for c in 0..channels {
-                filter_u8(|x| src[(y * w + x) * channels + c], &taps, |o, v| out[(y * tw + o) * channels + c] = v);
-            }
-        }
-        out
-    };
-    let vertical = |src: &[u8], cols: usize| -> Vec<u8> {
-        let taps = bilinear_taps(h, th);
-        let mut out = vec![0u8; th * cols * channels];
-        for x in 0..cols {
-            for c in 0..channels {
-                filter_u8(|y| src[(y * cols + x) * channels + c], &taps, |o, v| out[(o * cols + x) * channels + c] = v);
-            }
-        }
-        out
-    };
+    let horizontal = |src: &[u8], rows: usize| resize_axis(src, rows, w, channels, tw);
+    let vertical = |src: &[u8], cols: usize| resize_axis(src, 1, h, cols * channels, th);
     match (th != h, tw != w) {
         (false, false) => src.to_vec(),
         (false, true) => horizontal(src, h),
@@ -365,6 +347,19 @@ fn resize_bilinear(src: &[u8], channels: usize, h: usize, w: usize, th: usize, t
         (true, true) if th < h && tw > w => horizontal(&vertical(src, w), th),
         (true, true) => vertical(&horizontal(src, h), tw),
     }
+}
+
+/// One pass of the separable resize over a `[outer][len][inner]` array of 8-bit samples:
+/// the `len` axis becomes `out_len` long.
+fn resize_axis(src: &[u8], outer: usize, len: usize, inner: usize, out_len: usize) -> Vec<u8> {
+    let taps = bilinear_taps(len, out_len);
+    let mut out = vec![0u8; outer * out_len * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            filter_u8(|x| src[(o * len + x) * inner + i], &taps, |k, v| out[(o * out_len + k) * inner + i] = v);
+        }
+    }
+    out
 }
 
 /// The image files of `names` (directory entries), by extension.
