@@ -97,8 +97,8 @@ impl Annotations {
 
     /// Keeps in float, with the reason (replacing any other), every node that reads or
     /// produces a sequence or an optional: by its inputs' and outputs' declared or inferred
-    /// types, or by its op ([`NON_TENSOR_OPS`]). Such values are not tensors and are never
-    /// activations. A unit holding such a node stays float whole. Tensors next to them (a Conv
+    /// types, or by its op (the runtime's [`qforge_runtime::kernels::sequence::OPS`]). Such
+    /// values are not tensors and are never activations. A unit holding such a node stays float whole. Tensors next to them (a Conv
     /// output split into a sequence, a tensor taken out of one) quantize as usual.
     pub fn keep_non_tensors_float(&mut self, g: &Graph) {
         for (id, node) in g.nodes() {
@@ -117,12 +117,6 @@ impl Annotations {
     }
 }
 
-/// Ops that take or produce sequences or optionals by definition.
-pub const NON_TENSOR_OPS: &[&str] = &[
-    "SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt", "SequenceLength",
-    "ConcatFromSequence", "SplitToSequence", "SequenceMap", "Optional", "OptionalHasElement", "OptionalGetElement",
-];
-
 /// Why `node` cannot be quantized when it reads or produces a sequence or an optional.
 fn non_tensor_reason(g: &Graph, node: &Node) -> Option<String> {
     const NEVER: &str = "sequences and optionals are not tensors and are never quantized";
@@ -130,7 +124,7 @@ fn non_tensor_reason(g: &Graph, node: &Node) -> Option<String> {
     let read = node.inputs.iter().flatten().find_map(|&v| typed(v)).map(|x| ("reads", x));
     match read.or_else(|| node.outputs.iter().flatten().find_map(|&v| typed(v)).map(|x| ("produces", x))) {
         Some((verb, (name, ty))) => Some(format!("it {verb} '{name}' ({ty}): {NEVER}")),
-        None if node.domain.is_empty() && NON_TENSOR_OPS.contains(&node.op_type.as_str()) => Some(format!("{} works on sequences or optionals: {NEVER}", node.op_type)),
+        None if node.domain.is_empty() && qforge_runtime::kernels::sequence::OPS.iter().any(|(op, ..)| *op == node.op_type) => Some(format!("{} works on sequences or optionals: {NEVER}", node.op_type)),
         None => None,
     }
 }

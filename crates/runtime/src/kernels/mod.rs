@@ -23,7 +23,7 @@ mod resize;
 mod rnn;
 mod sampling;
 mod select;
-mod sequence;
+pub mod sequence;
 pub(crate) mod shape;
 mod signal;
 pub(crate) mod util;

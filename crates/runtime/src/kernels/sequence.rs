@@ -7,22 +7,30 @@ use super::control::run_subgraph;
 use super::shape::{concat_tensors, split_tensor};
 use super::util::{axis, ints, opt_tensor_input, single_int, tensor_input, value_input, values_fn};
 use crate::plan::Plan;
-use crate::{kernel_error, value_kernel, Kernel, NodeInfo, Registry, RunCtx, RuntimeResult, Sequence, Value, ValueKernel, LATEST};
+use crate::{kernel_error, value_kernel, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, RuntimeResult, Sequence, Value, ValueKernel, LATEST};
 
-/// Registers the sequence and optional ops.
+/// The sequence and optional ops of the default domain, with the opset each starts at: the
+/// ops that read or produce a sequence or an optional by definition.
+pub const OPS: [(&str, i64, KernelBuilder); 12] = [
+    ("SequenceEmpty", 11, sequence_empty),
+    ("SequenceConstruct", 11, sequence_construct),
+    ("SequenceInsert", 11, sequence_insert),
+    ("SequenceErase", 11, sequence_erase),
+    ("SequenceAt", 11, sequence_at),
+    ("SequenceLength", 11, sequence_length),
+    ("ConcatFromSequence", 11, concat_from_sequence),
+    ("SplitToSequence", 11, split_to_sequence),
+    ("SequenceMap", 17, sequence_map),
+    ("Optional", 15, optional),
+    ("OptionalHasElement", 15, optional_has_element),
+    ("OptionalGetElement", 15, optional_get_element),
+];
+
+/// Registers the sequence and optional ops ([`OPS`]).
 pub fn register(r: &mut Registry) {
-    r.add("", "SequenceEmpty", 11, LATEST, sequence_empty);
-    r.add("", "SequenceConstruct", 11, LATEST, sequence_construct);
-    r.add("", "SequenceInsert", 11, LATEST, sequence_insert);
-    r.add("", "SequenceErase", 11, LATEST, sequence_erase);
-    r.add("", "SequenceAt", 11, LATEST, sequence_at);
-    r.add("", "SequenceLength", 11, LATEST, sequence_length);
-    r.add("", "ConcatFromSequence", 11, LATEST, concat_from_sequence);
-    r.add("", "SplitToSequence", 11, LATEST, split_to_sequence);
-    r.add("", "SequenceMap", 17, LATEST, sequence_map);
-    r.add("", "Optional", 15, LATEST, optional);
-    r.add("", "OptionalHasElement", 15, LATEST, optional_has_element);
-    r.add("", "OptionalGetElement", 15, LATEST, optional_get_element);
+    for (op, since, build) in OPS {
+        r.add("", op, since, LATEST, build);
+    }
 }
 
 /// Input `i` as a sequence.
