@@ -105,11 +105,13 @@ fn numpy_name(d: DType) -> String {
     NUMPY_NAMES.iter().find(|(_, t)| *t == d).map_or_else(|| d.to_string(), |(n, _)| n.to_string())
 }
 
-fn list_inputs(inputs: &[ModelInput]) -> String {
+/// The inputs' names, quoted, comma-separated.
+pub(crate) fn list_inputs(inputs: &[ModelInput]) -> String {
     inputs.iter().map(|m| format!("'{}'", m.name)).collect::<Vec<_>>().join(", ")
 }
 
-fn fmt_dims(dims: &[Option<usize>]) -> String {
+/// Dimensions as `[1, 3, ?, ?]`, `?` for a dynamic one.
+pub(crate) fn fmt_dims(dims: &[Option<usize>]) -> String {
     let d: Vec<String> = dims.iter().map(|d| d.map_or("?".into(), |d| d.to_string())).collect();
     format!("[{}]", d.join(", "))
 }

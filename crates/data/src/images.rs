@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use qforge_ir::{DType, Tensor};
 use serde::Deserialize;
 
-use crate::calib::ModelInput;
+use crate::calib::{fmt_dims, list_inputs, ModelInput};
 
 /// The spec's file name, in the image directory.
 pub const SPEC_FILE: &str = "preprocess.toml";
@@ -101,8 +101,7 @@ impl ImagePlan {
     pub fn new(spec: &ImageSpec, inputs: &[ModelInput]) -> Result<ImagePlan, String> {
         let input = match &spec.input {
             Some(name) => inputs.iter().position(|m| &m.name == name).ok_or_else(|| format!(
-                "input = {name:?} is not an input of the model (inputs: {})",
-                inputs.iter().map(|m| format!("'{}'", m.name)).collect::<Vec<_>>().join(", ")))?,
+                "input = {name:?} is not an input of the model (inputs: {})", list_inputs(inputs)))?,
             None if inputs.len() == 1 => 0,
             None => return Err(format!("the model has {} inputs; say which one the images feed with input = \"NAME\"", inputs.len())),
         };
@@ -375,11 +374,6 @@ pub fn read_spec(dir: &Path) -> Result<(PathBuf, ImageSpec), (PathBuf, String)> 
     let text = std::fs::read_to_string(&path).map_err(|e| (path.clone(), format!("cannot be read: {e}")))?;
     let spec = toml::from_str(&text).map_err(|e| (path.clone(), format!("is not a valid preprocessing spec: {e}")))?;
     Ok((path, spec))
-}
-
-fn fmt_dims(dims: &[Option<usize>]) -> String {
-    let d: Vec<String> = dims.iter().map(|d| d.map_or("?".into(), |v| v.to_string())).collect();
-    format!("[{}]", d.join(", "))
 }
 
 #[cfg(test)]
