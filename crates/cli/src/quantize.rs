@@ -10,6 +10,7 @@ use qforge_quant::report::Report;
 use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions};
 use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
+use qforge_quant::QType;
 use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
 use qforge_quant::quantizer::{default_mapping, default_qconfig, ConfigQuantizer, Quantizer};
 use qforge_quant::weight_rounding::WeightRounding;
@@ -132,6 +133,11 @@ pub struct QuantizerArgs {
     /// sum; 7-bit weights keep every such sum exact.
     #[arg(long)]
     pub reduce_range: bool,
+    /// Integer type of the weights: s8 (every built-in backend's default) or u8 (with
+    /// --backend ort: ONNX Runtime's u8 x u8 kernels, exact on every x86 CPU, where its u8 x s8
+    /// kernels saturate without VNNI; they run slower). The backend must support it.
+    #[arg(long, value_name = "s8|u8")]
+    pub weight_dtype: Option<String>,
     /// Keep a node, a scope, or the nodes whose scope matches a regular expression in float.
     #[arg(long, value_name = "NAME|REGEX")]
     pub exclude: Vec<String>,
@@ -172,8 +178,28 @@ fn mapping(args: &QuantizerArgs, backend: &BackendConfig) -> Result<QConfigMappi
         let global = m.global.as_mut().and_then(|q| q.weight.as_mut());
         global.context("--reduce-range: the global qconfig quantizes no weights")?.reduce_range = true;
     }
+    if let Some(name) = &args.weight_dtype {
+        let dtype = weight_dtype(name, backend)?;
+        let global = m.global.as_mut().and_then(|q| q.weight.as_mut());
+        global.context("--weight-dtype: the global qconfig quantizes no weights")?.dtype = dtype;
+    }
     exclude(&mut m, &args.exclude)?;
     Ok(m)
+}
+
+/// The `--weight-dtype` type, checked against the weight types `backend` takes.
+fn weight_dtype(name: &str, backend: &BackendConfig) -> Result<QType> {
+    let dtype = match name {
+        "s8" => QType::S8,
+        "u8" => QType::U8,
+        other => bail!("--weight-dtype '{other}' is not known; use s8 or u8"),
+    };
+    let supported = backend.weight_qtypes();
+    if !supported.contains(&dtype) {
+        let names: Vec<String> = supported.iter().map(|q| format!("{q:?}").to_lowercase()).collect();
+        bail!("--weight-dtype {name}: backend '{}' takes weights of {} only", backend.name, names.join(", "));
+    }
+    Ok(dtype)
 }
 
 /// Adds `--exclude` entries (a node, a scope, or a scope regex) to keep in float.
@@ -192,6 +218,9 @@ fn exclude(m: &mut QConfigMapping, entries: &[String]) -> Result<()> {
 /// The HTP quantizer for `--backend htp`: `--precision` for every node, the `--config`
 /// overrides, `--exclude`, validated against `--soc`.
 fn htp_quantizer(args: &QuantizerArgs) -> Result<HtpQuantizer> {
+    if args.weight_dtype.is_some() {
+        bail!("--weight-dtype is not available with --backend htp: its precisions (--precision) fix the weight types");
+    }
     if args.reduce_range {
         bail!("--reduce-range is not available with --backend htp: its precisions (--precision) fix the weight widths");
     }

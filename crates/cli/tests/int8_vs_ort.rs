@@ -13,7 +13,8 @@
 //!
 //! On a CPU where ONNX Runtime's u8 x s8 kernels are not exact (see `ort_u8s8_exact`), the
 //! models are quantized with weights in the reduced range `[-64, 64]`, where its arithmetic is
-//! exact, so that the comparison still covers every kernel.
+//! exact, so that the comparison still covers every kernel. Models with u8 weights
+//! (`--weight-dtype u8`) keep the full range on every CPU.
 
 mod common;
 
@@ -47,6 +48,9 @@ fn samples(dir: &Path, m: &RealModel, count: usize) -> Vec<String> {
 enum Form {
     QforgeQOperator,
     QforgeQdq,
+    /// qforge's QDQ model with u8 weights (`--weight-dtype u8`), never in the reduced range:
+    /// ONNX Runtime's u8 x u8 kernels are exact on every CPU.
+    QforgeQdqU8Weights,
     OrtQdq,
 }
 
@@ -59,7 +63,7 @@ fn integers_match(name: &str, form: Form) -> usize {
     let calib = tmp.path().join("calib");
     let feeds = samples(&calib, &m, 4);
     let lowered = tmp.path().join("quantized.onnx");
-    let reduce_range = !ort_u8s8_exact();
+    let reduce_range = !ort_u8s8_exact() && form != Form::QforgeQdqU8Weights;
     let out = match form {
         Form::OrtQdq => {
             let mut args = vec![m.path.as_os_str(), calib.as_os_str(), lowered.as_os_str()];
@@ -73,6 +77,9 @@ fn integers_match(name: &str, form: Form) -> usize {
             let mut args = vec![OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), lowered.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str(), OsStr::new("--format"), OsStr::new(format)];
             if reduce_range {
                 args.push(OsStr::new("--reduce-range"));
+            }
+            if form == Form::QforgeQdqU8Weights {
+                args.extend([OsStr::new("--weight-dtype"), OsStr::new("u8")]);
             }
             qforge(&args)
         }
@@ -138,7 +145,7 @@ const MODELS: [(&str, usize); 4] = [("ocr_cls", 50), ("orientation", 50), ("ocr_
 
 /// [`integers_match`] on each of `models` in `form`, each comparing at least its count.
 fn all_match(form: Form, models: &[(&str, usize)]) {
-    if !ort_u8s8_exact() {
+    if !ort_u8s8_exact() && form != Form::QforgeQdqU8Weights {
         println!("this CPU has no VNNI: ONNX Runtime's u8 x s8 products saturate, so weights use the reduced range [-64, 64]");
     }
     for &(name, at_least) in models {
@@ -156,6 +163,11 @@ fn every_integer_tensor_of_the_lowered_benchmark_models_matches_onnx_runtime() {
 #[test]
 fn qdq_benchmark_models_run_as_integer_kernels_like_onnx_runtime() {
     all_match(Form::QforgeQdq, &MODELS);
+}
+
+#[test]
+fn u8_weight_models_run_exactly_in_onnx_runtime_on_every_cpu() {
+    all_match(Form::QforgeQdqU8Weights, &[MODELS[0], MODELS[1], MODELS[3]]);
 }
 
 #[test]

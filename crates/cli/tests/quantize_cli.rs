@@ -203,6 +203,47 @@ fn reduce_range_keeps_int8_weights_within_7_bits() {
     assert!(!bad.status.success() && stderr(&bad).contains("--reduce-range is not available with --backend htp"), "{}", stderr(&bad));
 }
 
+#[test]
+fn weight_dtype_u8_stores_symmetric_u8_weights_where_the_backend_takes_them() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_u8w");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 4, |_, _| {});
+    let out = tmp.path().join("q.onnx");
+    let quantize = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()];
+        args.extend(extra.iter().map(|f| std::ffi::OsStr::new(*f)));
+        qforge(&args)
+    };
+    let o = quantize(&["--weight-dtype", "u8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g = qforge_onnx::load(&out).unwrap().graph;
+    let (mut u8_weights, mut i8_weights) = (0, 0);
+    let constant = |id: Option<qforge_ir::ValueId>| id.and_then(|v| g.value(v).ok()?.initializer());
+    for (_, node) in g.nodes().filter(|(_, n)| n.op_type == "DequantizeLinear") {
+        let Some(t) = constant(node.inputs[0]) else { continue };
+        if t.shape().len() < 2 {
+            continue;
+        }
+        match t.dtype() {
+            qforge_ir::DType::U8 => {
+                let zp = constant(node.inputs[2]).expect("a constant zero point").to_i64_vec().unwrap();
+                assert!(zp.iter().all(|&z| z == 128), "symmetric u8 weights have zero point 128: {zp:?}");
+                u8_weights += 1;
+            }
+            qforge_ir::DType::I8 => i8_weights += 1,
+            other => panic!("weight of type {other:?}"),
+        }
+    }
+    assert!(u8_weights > 50 && i8_weights == 0, "ocr_cls's conv weights are u8: {u8_weights} u8, {i8_weights} s8");
+    let o = quantize(&["--weight-dtype", "u8", "--backend", "x86"]);
+    assert!(!o.status.success() && stderr(&o).contains("backend 'x86' takes weights of s8 only"), "{}", stderr(&o));
+    let o = quantize(&["--weight-dtype", "s4"]);
+    assert!(!o.status.success() && stderr(&o).contains("--weight-dtype 's4' is not known"), "{}", stderr(&o));
+    let o = quantize(&["--weight-dtype", "u8", "--backend", "htp"]);
+    assert!(!o.status.success() && stderr(&o).contains("--weight-dtype is not available with --backend htp"), "{}", stderr(&o));
+}
+
 /// An `--exclude` entry that applies to no node is said, not silently dropped: a warning naming
 /// it (with how names and regular expressions are matched), an error under `--strict`. An
 /// entry that applies keeps its nodes float, and draws no warning.

@@ -244,6 +244,13 @@ impl BackendConfig {
         self.dtype_configs.get(name)
     }
 
+    /// The integer types some pattern of the target takes for a weight, in [`QType`] order.
+    pub fn weight_qtypes(&self) -> Vec<QType> {
+        let used = self.patterns.iter().flat_map(|p| &p.dtype_configs).filter_map(|n| self.dtype_config(n));
+        let set: std::collections::BTreeSet<QType> = used.filter_map(|d| d.weight.as_ref()?.dtype.qtype()).collect();
+        set.into_iter().collect()
+    }
+
     /// The fixed output qparams `(scale, zero point)` the target gives op `op_type` alone at
     /// `qtype`: the `scale_exact_match` of a single-op pattern's output (Sigmoid, Softmax, Tanh:
     /// outputs bounded by the op's definition). `None` when no such pattern fixes them.
