@@ -10,7 +10,7 @@
 //! The node tests cover one operator each, with every attribute and type variation the ONNX
 //! suite has, so this is the widest sweep of graph shapes quantize meets. The ONNX "light"
 //! model zoo (IR version 3 models whose every weight is also a graph input) goes through the
-//! same check on random inputs.
+//! same check on random inputs. On a CPU without VNNI the weights are u8 ([`ort_quantizer`]).
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,21 @@ use qforge_quant::backend::BackendConfig;
 use qforge_quant::pipeline::{quantize, QuantizeError, QuantizeOptions};
 use qforge_quant::qconfig::RangeName;
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
-use qforge_testkit::{cache, light_models, make_inputs, oracle, repo, TempDir};
+use qforge_quant::QType;
+use qforge_testkit::{cache, light_models, make_inputs, oracle, ort_u8s8_exact, repo, TempDir};
+
+/// The default quantizer for the `ort` backend, with u8 weights on a CPU where ONNX Runtime's
+/// u8 x s8 kernels saturate ([`ort_u8s8_exact`]): its u8 x u8 kernels are exact everywhere, so
+/// the check measures quantization error, not the CPU's 16-bit sums.
+fn ort_quantizer() -> ConfigQuantizer {
+    let backend = BackendConfig::load("ort").unwrap();
+    let mut mapping = default_mapping(&backend, RangeName::Minmax, true);
+    if !ort_u8s8_exact() {
+        println!("this CPU has no VNNI: ONNX Runtime's u8 x s8 products saturate, so weights are u8");
+        mapping.global.as_mut().and_then(|q| q.weight.as_mut()).unwrap().dtype = QType::U8;
+    }
+    ConfigQuantizer { mapping, backend }
+}
 
 /// The samples of a node test: one per `test_data_set_*`, its `input_<i>.pb` files feeding the
 /// graph inputs in order.
@@ -46,8 +60,7 @@ fn every_runtime_node_test_quantizes_and_runs_in_onnx_runtime() {
     let allow: Vec<String> = std::fs::read_to_string(repo().join("crates/runtime/conformance/allowlist.txt")).unwrap()
         .lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
     assert!(allow.len() >= 1000, "the runtime allowlist has {} tests", allow.len());
-    let backend = BackendConfig::load("ort").unwrap();
-    let quantizer = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let quantizer = ort_quantizer();
     let out = TempDir::new("node-quantize");
     let mut cases = vec![];
     let (mut refused, mut panics, mut errors, mut non_tensor_inputs) = (0, vec![], vec![], 0);
@@ -101,8 +114,7 @@ fn every_runtime_node_test_quantizes_and_runs_in_onnx_runtime() {
 
 #[test]
 fn every_light_zoo_model_quantizes_and_runs_in_onnx_runtime() {
-    let backend = BackendConfig::load("ort").unwrap();
-    let quantizer = ConfigQuantizer { mapping: default_mapping(&backend, RangeName::Minmax, true), backend };
+    let quantizer = ort_quantizer();
     let out = TempDir::new("light-quantize");
     let mut cases = vec![];
     for m in light_models() {
