@@ -67,6 +67,10 @@ enum Command {
         /// folder of PNG/JPEG images with a preprocess.toml.
         #[arg(long, value_name = "PATH")]
         calibration_data: PathBuf,
+        /// Calibrate on N samples spread evenly over the set (sample i*len/N for i < N)
+        /// instead of all of them.
+        #[arg(long, value_name = "N")]
+        calibration_samples: Option<usize>,
         #[command(flatten)]
         quantizer: quantize::QuantizerArgs,
         /// Write a report: every node (quantized or why not), ranges and scales, as JSON; a
@@ -111,6 +115,9 @@ enum Command {
         /// Calibration data, as for `quantize`.
         #[arg(long, value_name = "PATH")]
         calibration_data: PathBuf,
+        /// Calibrate on N samples spread evenly over the set, as for `quantize`.
+        #[arg(long, value_name = "N")]
+        calibration_samples: Option<usize>,
         /// Evaluation samples (any layout --calibration-data takes); default: the calibration data.
         #[arg(long, value_name = "PATH")]
         data: Option<PathBuf>,
@@ -182,13 +189,13 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Inspect { model, json } => inspect::inspect(&model, json),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
-        Command::Quantize { model, output, calibration_data, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format, correction } => {
+        Command::Quantize { model, output, calibration_data, calibration_samples, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format, correction } => {
             quantizer.quiet = json;
-            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format, bias_correction: correction.bias_correction(), weight_search: correction.weight_range == "mse", weight_rounding: correction.weight_rounding })
+            quantize::run(quantize::QuantizeArgs { model, output, calibration_data, calibration_samples, quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, format: format.format, bias_correction: correction.bias_correction(), weight_search: correction.weight_range == "mse", weight_rounding: correction.weight_rounding })
         }
-        Command::Sensitivity { model, calibration_data, data, mut quantizer, json, threads, limit } => {
+        Command::Sensitivity { model, calibration_data, calibration_samples, data, mut quantizer, json, threads, limit } => {
             quantizer.quiet = json;
-            sensitivity::run(sensitivity::SensitivityArgs { model, calibration_data, data, quantizer, json, threads, limit })
+            sensitivity::run(sensitivity::SensitivityArgs { model, calibration_data, calibration_samples, data, quantizer, json, threads, limit })
         }
         Command::Compare { float, quantized, data, json, threads, limit } => compare::run(compare::CompareArgs { float, quantized, data, json, threads, limit }),
         Command::Bench { model, inputs, shapes, threads, runs, warmup, profile, json } => {

@@ -22,6 +22,8 @@ pub struct QuantizeArgs {
     pub model: PathBuf,
     pub output: PathBuf,
     pub calibration_data: PathBuf,
+    /// Calibrate on this many samples spread over the set ([`CalibrationSamples::spread`]).
+    pub calibration_samples: Option<usize>,
     pub quantizer: QuantizerArgs,
     pub report: Option<PathBuf>,
     pub strict: bool,
@@ -299,7 +301,10 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     qforge_onnx::fold_constant_nodes(&mut model);
     let quantizer = quantizer(&args.quantizer)?;
     check_mapping(&args.quantizer, &model, args.strict)?;
-    let samples = open_samples(&args.calibration_data, &model_inputs(&model))?;
+    let mut samples = open_samples(&args.calibration_data, &model_inputs(&model))?;
+    if let Some(n) = args.calibration_samples {
+        samples = samples.spread(n)?;
+    }
     let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding };
     let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {

@@ -8,19 +8,43 @@ use qforge_data::{CalibrationSet, ModelInput};
 use qforge_ir::{Dim, Model, Tensor};
 use qforge_quant::pipeline::SampleSource;
 
-/// A calibration set as a [`SampleSource`]; load errors carry the loader's message (file,
-/// sample and input).
-pub struct CalibrationSamples(pub CalibrationSet);
+/// A calibration set, or the samples picked from it, as a [`SampleSource`]; load errors carry
+/// the loader's message (file, sample and input).
+pub struct CalibrationSamples {
+    set: CalibrationSet,
+    /// The set's indices of the samples used, in order.
+    picked: Vec<usize>,
+}
+
+impl CalibrationSamples {
+    /// Keeps `n` samples spread evenly over the set, sample `⌊i·len/n⌋` for `i < n`, so that a
+    /// set sorted by class or by recording is still covered end to end; a note on stderr says
+    /// so. With `n` at least the set's size every sample is kept, and a warning says so.
+    pub fn spread(self, n: usize) -> anyhow::Result<CalibrationSamples> {
+        let len = self.set.len();
+        if n == 0 {
+            anyhow::bail!("--calibration-samples 0 calibrates on nothing; give at least 1");
+        }
+        if n >= len {
+            if n > len {
+                eprintln!("warning: --calibration-samples {n}: {} holds {len} samples; calibrating on all of them", self.set.path().display());
+            }
+            return Ok(self);
+        }
+        eprintln!("note: calibrating on {n} of the {len} samples, spread evenly over the set (--calibration-samples)");
+        Ok(CalibrationSamples { picked: (0..n).map(|i| i * len / n).collect(), set: self.set })
+    }
+}
 
 impl SampleSource for CalibrationSamples {
     fn len(&self) -> usize {
-        self.0.len()
+        self.picked.len()
     }
     fn name(&self, i: usize) -> String {
-        self.0.sample_name(i).to_string()
+        self.set.sample_name(self.picked[i]).to_string()
     }
     fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        self.0.load(i).map_err(|e| e.to_string())
+        self.set.load(self.picked[i]).map_err(|e| e.to_string())
     }
 }
 
@@ -30,7 +54,7 @@ pub fn open_samples(path: &std::path::Path, inputs: &[ModelInput]) -> anyhow::Re
     for note in set.notes() {
         eprintln!("note: {note}");
     }
-    Ok(CalibrationSamples(set))
+    Ok(CalibrationSamples { picked: (0..set.len()).collect(), set })
 }
 
 /// The model's inputs as the calibration loader checks them.

@@ -16,6 +16,8 @@ use qforge_quant::pipeline::FirstSamples;
 pub struct SensitivityArgs {
     pub model: PathBuf,
     pub calibration_data: PathBuf,
+    /// Calibrate on this many samples spread over the set.
+    pub calibration_samples: Option<usize>,
     /// Evaluation samples; the calibration data when absent.
     pub data: Option<PathBuf>,
     pub quantizer: QuantizerArgs,
@@ -41,7 +43,10 @@ pub fn run(args: SensitivityArgs) -> Result<()> {
     let quantizer = quantizer(&args.quantizer)?;
     check_mapping(&args.quantizer, &model, false)?;
     let inputs = model_inputs(&model);
-    let calibration = open_samples(&args.calibration_data, &inputs)?;
+    let mut calibration = open_samples(&args.calibration_data, &inputs)?;
+    if let Some(n) = args.calibration_samples {
+        calibration = calibration.spread(n)?;
+    }
     let evaluation = match &args.data {
         Some(path) => open_samples(path, &inputs)?,
         None => open_samples(&args.calibration_data, &inputs)?,

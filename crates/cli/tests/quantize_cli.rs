@@ -204,6 +204,44 @@ fn reduce_range_keeps_int8_weights_within_7_bits() {
 }
 
 #[test]
+fn calibration_samples_picks_samples_spread_evenly_over_the_set() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_spread");
+    let (all, picked) = (tmp.path().join("all"), tmp.path().join("picked"));
+    samples(&all, &m, 12, |_, _| {});
+    // 4 of 12, spread evenly: samples 0, 3, 6 and 9, copied alone into their own set.
+    for i in [0, 3, 6, 9] {
+        let (from, to) = (all.join(format!("{i:03}")), picked.join(format!("{i:03}")));
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(&from).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let quantize = |data: &Path, out: &str, extra: &[&str]| {
+        let out = tmp.path().join(out);
+        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), data.as_os_str()];
+        args.extend(extra.iter().map(|f| std::ffi::OsStr::new(*f)));
+        let o = qforge(&args);
+        (o, out)
+    };
+    let (o, spread) = quantize(&all, "spread.onnx", &["--calibration-samples", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("calibrating on 4 of the 12 samples"), "{}", stderr(&o));
+    let (o, alone) = quantize(&picked, "alone.onnx", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&spread).unwrap(), std::fs::read(&alone).unwrap(), "--calibration-samples 4 of 12 must calibrate on samples 0, 3, 6 and 9");
+    let (o, whole) = quantize(&all, "whole.onnx", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_ne!(std::fs::read(&whole).unwrap(), std::fs::read(&alone).unwrap(), "the whole set calibrates differently from 4 of its samples");
+    let (o, more) = quantize(&all, "more.onnx", &["--calibration-samples", "20"]);
+    assert!(o.status.success() && stderr(&o).contains("holds 12 samples; calibrating on all of them"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&more).unwrap(), std::fs::read(&whole).unwrap(), "more samples than the set holds: all of them");
+    let (o, _) = quantize(&all, "none.onnx", &["--calibration-samples", "0"]);
+    assert!(!o.status.success() && stderr(&o).contains("--calibration-samples 0 calibrates on nothing"), "{}", stderr(&o));
+}
+
+#[test]
 fn weight_dtype_u8_stores_symmetric_u8_weights_where_the_backend_takes_them() {
     let m = cls();
     let tmp = TempDir::new("qcli_u8w");
