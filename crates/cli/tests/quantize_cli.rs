@@ -31,6 +31,13 @@ fn samples(dir: &Path, m: &RealModel, n: usize, edit: impl Fn(usize, &mut Vec<(S
     }
 }
 
+/// `qforge quantize` of `m` on `calib` into `out`, with `extra` arguments.
+fn quantize_with(m: &RealModel, calib: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()];
+    args.extend(extra.iter().map(|f| std::ffi::OsStr::new(*f)));
+    qforge(&args)
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -187,9 +194,7 @@ fn reduce_range_keeps_int8_weights_within_7_bits() {
     samples(&calib, &m, 4, |_, _| {});
     let widest = |flags: &[&str]| -> i64 {
         let out = tmp.path().join("q.onnx");
-        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()];
-        args.extend(flags.iter().map(|f| std::ffi::OsStr::new(*f)));
-        let o = qforge(&args);
+        let o = quantize_with(&m, &calib, &out, flags);
         assert!(o.status.success(), "{}", stderr(&o));
         let g = qforge_onnx::load(&out).unwrap().graph;
         let weights: Vec<i64> = g.values().filter_map(|(_, v)| v.initializer()).filter(|t| t.dtype() == qforge_ir::DType::I8)
@@ -220,10 +225,7 @@ fn calibration_samples_picks_samples_spread_evenly_over_the_set() {
     }
     let quantize = |data: &Path, out: &str, extra: &[&str]| {
         let out = tmp.path().join(out);
-        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), data.as_os_str()];
-        args.extend(extra.iter().map(|f| std::ffi::OsStr::new(*f)));
-        let o = qforge(&args);
-        (o, out)
+        (quantize_with(&m, data, &out, extra), out)
     };
     let (o, spread) = quantize(&all, "spread.onnx", &["--calibration-samples", "4"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -248,11 +250,7 @@ fn weight_dtype_u8_stores_symmetric_u8_weights_where_the_backend_takes_them() {
     let calib = tmp.path().join("calib");
     samples(&calib, &m, 4, |_, _| {});
     let out = tmp.path().join("q.onnx");
-    let quantize = |extra: &[&str]| {
-        let mut args: Vec<&std::ffi::OsStr> = vec![m.path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()];
-        args.extend(extra.iter().map(|f| std::ffi::OsStr::new(*f)));
-        qforge(&args)
-    };
+    let quantize = |extra: &[&str]| quantize_with(&m, &calib, &out, extra);
     let o = quantize(&["--weight-dtype", "u8"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let g = qforge_onnx::load(&out).unwrap().graph;
