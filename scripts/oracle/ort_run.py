@@ -2,7 +2,8 @@
 
     python scripts/oracle/ort_run.py MODEL.onnx -o OUT.npz --input NAME=FILE.npy ... [--threads N] [--no-opt]
 
-Outputs are saved under their graph output names. --no-opt disables graph optimizations.
+Outputs are saved under their graph output names, a sequence's items as NAME[0], NAME[1], ...
+(an empty optional is left out). --no-opt disables graph optimizations.
 """
 import argparse
 
@@ -24,4 +25,10 @@ sess = ort.InferenceSession(args.model, opts, providers=["CPUExecutionProvider"]
 feed = {k: np.load(v) for k, v in (s.split("=", 1) for s in args.input)}
 names = [o.name for o in sess.get_outputs()]
 outs = sess.run(names, feed)
-np.savez(args.output, **dict(zip(names, outs)))
+arrays = {}
+for name, out in zip(names, outs):
+    if isinstance(out, list):  # a sequence: its items as name[0], name[1], ...
+        arrays.update({f"{name}[{i}]": item for i, item in enumerate(out)})
+    elif out is not None:  # None: an empty optional
+        arrays[name] = out
+np.savez(args.output, **arrays)

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use qforge_ir::{DType, Dim, Model, Tensor};
-use qforge_runtime::{Session, SessionOptions};
+use qforge_runtime::{Session, SessionOptions, Value};
 use serde_json::json;
 
 fn load(path: &Path) -> Result<Model> {
@@ -60,15 +60,30 @@ fn session(model: &Model, threads: usize) -> Result<Session> {
     Ok(Session::with_options(model, SessionOptions { threads, ..Default::default() })?)
 }
 
-/// `qforge run`: runs once and writes every output to an .npz file.
+/// `qforge run`: runs once and writes every output to an .npz file, a sequence output's items
+/// as `name[0]`, `name[1]`, ... and an optional output as what it holds
+/// ([`Value::into_named_tensors`]).
 pub fn run(model_path: &Path, inputs: &[String], output: &Path, threads: usize) -> Result<()> {
     let model = load(model_path)?;
     let s = session(&model, threads)?;
-    let outputs = s.run(read_inputs(inputs)?).with_context(|| format!("running {}", model_path.display()))?;
-    qforge_data::write_npz(output, &outputs)?;
-    for (name, t) in &outputs {
-        eprintln!("{name}: {} {:?}", t.dtype(), t.shape());
+    let feed = read_inputs(inputs)?.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect();
+    let outputs = s.run_values(feed).with_context(|| format!("running {}", model_path.display()))?;
+    let mut tensors = vec![];
+    for (name, value) in outputs {
+        let (described, is_tensor) = match &value {
+            Value::Tensor(t) => (format!("{} {:?}", t.dtype(), t.shape()), true),
+            other => (other.to_string(), false),
+        };
+        let named = value.into_named_tensors(&name);
+        match named.as_slice() {
+            _ if is_tensor => eprintln!("{name}: {described}"),
+            [] => eprintln!("{name}: {described} (nothing written)"),
+            [(only, _)] => eprintln!("{name}: {described}, written as {only}"),
+            [(first, _), .., (last, _)] => eprintln!("{name}: {described}, written as {first} .. {last}"),
+        }
+        tensors.extend(named);
     }
+    qforge_data::write_npz(output, &tensors)?;
     Ok(())
 }
 

@@ -36,7 +36,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use qforge_ir::{DType, Graph, Model, Node, Tensor, ValueId, ValueKind, CAPTURE_USE};
-use qforge_runtime::{Hooks, Session, SessionOptions, ValueEvent};
+use qforge_runtime::{Hooks, Session, SessionOptions, Value, ValueEvent};
 use rayon::prelude::*;
 use serde::{Serialize, Serializer};
 
@@ -135,7 +135,7 @@ pub struct Comparison {
     /// outputs); values never compared (not float, or never produced) are left out.
     pub activations: Vec<TensorComparison>,
     /// The float model's graph outputs, compared with the quantized model's outputs of the
-    /// same name, in graph order.
+    /// same name, in graph order (a sequence item by item, an optional by what it holds).
     pub outputs: Vec<TensorComparison>,
     /// Quantized initializers, in topological order of their `DequantizeLinear`.
     pub weights: Vec<WeightComparison>,
@@ -237,6 +237,21 @@ impl Sums {
         match (x.as_slice::<f32>(), y.as_slice::<f32>()) {
             (Ok(a), Ok(b)) => Some(Sums::of(a, b)),
             _ => Some(Sums::of(&x.to_f64_vec().ok()?, &y.to_f64_vec().ok()?)),
+        }
+    }
+
+    /// The sums of two graph output values: two tensors as [`Sums::of_tensors`], two sequences
+    /// of the same length item by item, two optionals by what they hold (both empty: nothing
+    /// to add); `None` when the values do not pair up.
+    fn of_values(x: &Value, y: &Value) -> Option<Sums> {
+        match (x, y) {
+            (Value::Tensor(a), Value::Tensor(b)) => Sums::of_tensors(a, b),
+            (Value::Sequence(a), Value::Sequence(b)) if a.items.len() == b.items.len() => {
+                a.items.iter().zip(&b.items).try_fold(Sums::default(), |s, (p, q)| Some(s.merge(Sums::of_tensors(p, q)?)))
+            }
+            (Value::Optional(None), Value::Optional(None)) => Some(Sums::default()),
+            (Value::Optional(Some(a)), Value::Optional(Some(b))) => Sums::of_values(a, b),
+            _ => None,
         }
     }
 
@@ -660,12 +675,13 @@ pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads
             return Err(sample_error(format!("input '{name}' holds NaN or infinite values")));
         }
         let mut recorder = Recorder { paths: &float_paths, watch: &float_watch, seen: vec![VecDeque::new(); pairs.len()] };
-        let float_out = float_session.run_with_hooks(feed.clone(), &mut recorder).map_err(|e| sample_error(format!("the float model failed: {e}")))?;
+        let feed: Vec<(String, Value)> = feed.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect();
+        let float_out = float_session.run_values_with_hooks(feed.clone(), &mut recorder).map_err(|e| sample_error(format!("the float model failed: {e}")))?;
         let mut comparer = Comparer { paths: &quant_paths, watch: &quant_watch, seen: recorder.seen, sums: &mut sums, unpaired: &mut unpaired };
-        let quant_out = quant_session.run_with_hooks(feed, &mut comparer).map_err(|e| sample_error(format!("the quantized model failed: {e}")))?;
+        let quant_out = quant_session.run_values_with_hooks(feed, &mut comparer).map_err(|e| sample_error(format!("the quantized model failed: {e}")))?;
         comparer.finish();
         for (k, &(fo, qo)) in output_pairs.iter().enumerate() {
-            match Sums::of_tensors(&float_out[fo].1, &quant_out[qo].1) {
+            match Sums::of_values(&float_out[fo].1, &quant_out[qo].1) {
                 Some(s) => output_sums[k] = output_sums[k].merge(s),
                 None => output_unpaired[k] += 1,
             }

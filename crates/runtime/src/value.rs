@@ -47,6 +47,18 @@ impl Value {
             _ => None,
         }
     }
+
+    /// The tensors the value holds, named after `name` as files and reports write them: a
+    /// tensor as `name`, a sequence's items as `name[0]`, `name[1]`, ..., an optional as what
+    /// it holds; an empty optional and an empty sequence hold none.
+    pub fn into_named_tensors(self, name: &str) -> Vec<(String, Tensor)> {
+        match self {
+            Value::Tensor(t) => vec![(name.to_string(), t)],
+            Value::Sequence(s) => s.items.into_iter().enumerate().map(|(i, t)| (format!("{name}[{i}]"), t)).collect(),
+            Value::Optional(None) => vec![],
+            Value::Optional(Some(v)) => v.into_named_tensors(name),
+        }
+    }
 }
 
 impl From<Tensor> for Value {
