@@ -82,17 +82,23 @@ fn input(seed: u64) -> Tensor {
     Tensor::from_vec(&[1, 3, 16, 16], noise(seed, 3 * 16 * 16, -1.0, 1.0)).unwrap()
 }
 
+/// `count` sample folders `<dir>/calib/<s>/x.npy` of seeded inputs; returns the `calib` path.
+fn calibration(dir: &std::path::Path, count: u64) -> std::path::PathBuf {
+    let calib = dir.join("calib");
+    for s in 0..count {
+        let d = calib.join(format!("{s:03}"));
+        std::fs::create_dir_all(&d).unwrap();
+        qforge_data::write_npy(&d.join("x.npy"), &input(100 + s)).unwrap();
+    }
+    calib
+}
+
 #[test]
 fn convs_around_sequence_ops_quantize_and_sequence_nodes_stay_float() {
     let tmp = TempDir::new("seqq");
     let float_path = tmp.path().join("float.onnx");
     qforge_onnx::save(&model(), &float_path).unwrap();
-    let calib = tmp.path().join("calib");
-    for s in 0..8 {
-        let d = calib.join(format!("{s:03}"));
-        std::fs::create_dir_all(&d).unwrap();
-        qforge_data::write_npy(&d.join("x.npy"), &input(100 + s)).unwrap();
-    }
+    let calib = calibration(tmp.path(), 8);
     let out = tmp.path().join("q.onnx");
     let report = tmp.path().join("report.json");
     let mut args: Vec<&std::ffi::OsStr> = vec!["quantize".as_ref(), float_path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()];
@@ -172,12 +178,7 @@ fn sequence_outputs_are_written_and_compared_item_by_item() {
     let tmp = TempDir::new("seqout");
     let float_path = tmp.path().join("float.onnx");
     qforge_onnx::save(&model_with_sequence_output(), &float_path).unwrap();
-    let calib = tmp.path().join("calib");
-    for s in 0..4 {
-        let d = calib.join(format!("{s:03}"));
-        std::fs::create_dir_all(&d).unwrap();
-        qforge_data::write_npy(&d.join("x.npy"), &input(100 + s)).unwrap();
-    }
+    let calib = calibration(tmp.path(), 4);
     let quantized = tmp.path().join("q.onnx");
     let o = qforge(&["quantize".as_ref(), float_path.as_os_str(), "-o".as_ref(), quantized.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str()]);
     assert!(o.status.success(), "{}", text(&o.stderr));
