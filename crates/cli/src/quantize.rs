@@ -339,6 +339,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "widened": report.widened,
             "narrow_inputs": report.narrow_inputs,
             "narrow_weight_channels": report.narrow_weight_channels,
+            "pair_sums": report.pair_sums,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
                 "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,

@@ -9,7 +9,7 @@ mod common;
 
 use common::{qforge, text};
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType};
-use qforge_testkit::{noise, ort_run, ort_u8s8_exact, TempDir};
+use qforge_testkit::{noise, ort_run, TempDir};
 
 fn conv(g: &mut Graph, name: &str, x: ValueId, cin: usize, cout: usize, k: usize, seed: u64) -> ValueId {
     let fan_in = (cin * k * k) as f32;
@@ -101,11 +101,7 @@ fn convs_around_sequence_ops_quantize_and_sequence_nodes_stay_float() {
     let calib = calibration(tmp.path(), 8);
     let out = tmp.path().join("q.onnx");
     let report = tmp.path().join("report.json");
-    let mut args: Vec<&std::ffi::OsStr> = vec!["quantize".as_ref(), float_path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()];
-    if !ort_u8s8_exact() {
-        // ONNX Runtime's u8 x s8 kernels saturate on this CPU; its u8 x u8 kernels are exact.
-        args.extend(["--weight-dtype", "u8"].map(std::ffi::OsStr::new));
-    }
+    let args: Vec<&std::ffi::OsStr> = vec!["quantize".as_ref(), float_path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()];
     let o = qforge(&args);
     assert!(o.status.success(), "{}", text(&o.stderr));
 

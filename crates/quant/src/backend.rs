@@ -79,6 +79,10 @@ pub struct DTypeWithConstraints {
     pub granularity: Option<Vec<GranularityKind>>,
     /// Accepted block sizes for per-block quantization; all when absent.
     pub block_sizes: Option<Vec<usize>>,
+    /// Weights: the largest `|a| + |b|` of two same-sign integers the target's kernel adds
+    /// into one saturating 16-bit sum (ONNX Runtime's x86 u8 x s8 kernels without VNNI; which
+    /// weights pair up is [`crate::pair_sums::reduction_pairs`]). Absent: sums never saturate.
+    pub pair_sum_max: Option<i64>,
 }
 
 impl DTypeWithConstraints {

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use qforge_ir::{Attr, DType, Elem, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
 use crate::pipeline::InputStats;
+use crate::pair_sums::{reduction_pairs, PairedWeight};
 use crate::weight_rounding::Grid;
 use crate::observer::AxisLayout;
 use crate::prepare::{concat_inputs, edge_value, qtype_of, resolve, Group, QuantPlan};
@@ -300,6 +301,9 @@ pub struct ConvertLog {
     /// [`FEW_WEIGHT_LEVELS`] levels of it: (node, op, weight, such channels, channels, the
     /// fewest levels a channel spans).
     pub narrow_weight_channels: Vec<(String, String, String, usize, usize, u64)>,
+    /// Weights fitted to the target's `pair_sum_max` ([`crate::pair_sums`]): (node, op, weight,
+    /// parameters whose scale rose, parameters, pairs projected onto the constraint).
+    pub pair_sums_fitted: Vec<(String, String, String, usize, usize, usize)>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -617,7 +621,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                     let (data, shape) = (floats(&t), t.shape());
                     let mut c = quantize_const(data, shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
                     if i == 1 {
-                        round_weight(g, gi, n, stats, data, &mut c, spec, &mut em.log)?;
+                        finish_weight(g, gi, n, stats, data, &mut c, spec, true, &mut em.log)?;
                         if let Some(narrow) = narrow_channels(g, n, data, shape, spec, &c) {
                             em.log.narrow_weight_channels.push((g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.op_type.clone()).unwrap_or_default(), g.value_name(v).to_string(), narrow.0, narrow.1, narrow.2));
                         }
@@ -680,7 +684,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             *w = quantize_const(data, shape, &spec, Some(&scales), false)?;
             if wi == 1 {
                 em.log.gptq_rounded.retain(|r| r.0 != g.node(wn).map(|x| x.display_name(wn)).unwrap_or_default());
-                round_weight(g, gi, wn, stats, data, w, &spec, &mut em.log)?;
+                finish_weight(g, gi, wn, stats, data, w, &spec, false, &mut em.log)?;
             }
             em.log.bias_adjusted.push((g.value_name(wv), changed));
             if correction.is_some() {
@@ -736,6 +740,48 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     let Emitter { patch, log, .. } = em;
     g.apply(patch).map_err(|e| e.to_string())?;
     Ok(log)
+}
+
+/// The integers of `c`, the quantized weight `data` of node `n` (input 1), as the target takes
+/// them: with the spec's `pair_sum_max` ([`crate::pair_sums`]), scales first moved (with
+/// `rescale`) to where paired weights fit best, then the rounding ([`round_weight`]), then pairs
+/// still over the constraint projected onto it, and what changed logged.
+#[allow(clippy::too_many_arguments)]
+fn finish_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, data: &[f32], c: &mut QuantizedConst, spec: &QuantizationSpec, rescale: bool, log: &mut ConvertLog) -> Result<(), String> {
+    let node = g.node(n).map_err(|e| e.to_string())?;
+    let pairs = spec.pair_sum_max.and_then(|max| Some((max, reduction_pairs(node, &c.shape)?)));
+    let Some((max, pairs)) = pairs else { return round_weight(g, gi, n, stats, data, c, spec, log) };
+    let (layout, _) = ParamLayout::new(&c.shape, granularity_of(c))?;
+    let param_of = move |e: usize| layout.param(e);
+    let paired = PairedWeight { data, param_of: &param_of, range: spec.scheme.qrange(), pairs: &pairs, max };
+    let mut rescaled = 0;
+    if rescale {
+        let factors = paired.pair_scales(&c.params);
+        rescaled = factors.iter().filter(|&&f| f > 1.0).count();
+        if rescaled > 0 {
+            let scales: Vec<f32> = c.params.iter().zip(&factors).map(|(p, f)| p.scale * f).collect();
+            let searched = std::mem::take(&mut c.searched);
+            *c = quantize_const(data, &c.shape, spec, Some(&scales), false)?;
+            c.searched = searched;
+        }
+    }
+    round_weight(g, gi, n, stats, data, c, spec, log)?;
+    let mut values = c.values.to_i64_vec().map_err(|e| e.to_string())?;
+    let projected = paired.project_pairs(&mut values, &c.params);
+    if projected > 0 {
+        c.values = int_tensor(c.qtype, &c.shape, &values);
+    }
+    let name = node.display_name(n);
+    let earlier = log.pair_sums_fitted.iter().position(|r| r.0 == name);
+    let rescaled = rescaled.max(earlier.map_or(0, |k| log.pair_sums_fitted[k].3));
+    if let Some(k) = earlier {
+        log.pair_sums_fitted.remove(k);
+    }
+    if rescaled > 0 || projected > 0 {
+        let weight = node.input(1).map(|v| g.value_name(v).to_string()).unwrap_or_default();
+        log.pair_sums_fitted.push((name, node.op_type.clone(), weight, rescaled, c.params.len(), projected));
+    }
+    Ok(())
 }
 
 /// With input second moments in `stats` that watch node `n`, replaces the integers of `c` (the
@@ -822,7 +868,7 @@ mod tests {
     #[test]
     fn weight_search_never_increases_the_squared_error_and_clips_lone_outliers() {
         let scheme = QScheme::new(QType::S8, true, Convention::Ort);
-        let spec = QuantizationSpec { scheme, granularity: Granularity::PerAxis { axis: 0 }, observer: crate::spec::ObserverKind::MinMax, scale_min: None };
+        let spec = QuantizationSpec { scheme, granularity: Granularity::PerAxis { axis: 0 }, observer: crate::spec::ObserverKind::MinMax, scale_min: None, pair_sum_max: None };
         // Row 0: a uniform spread over [-1, 1] plus one outlier at 1.2; row 1: values on the
         // min/max grid (exact).
         let n = 1 << 16;
@@ -843,7 +889,7 @@ mod tests {
     fn per_axis_and_per_block_parameters() {
         let data: Vec<f32> = (0..12).map(|i| i as f32 - 6.0).collect();
         let scheme = QScheme::new(QType::S8, true, Convention::Ort);
-        let spec = |granularity| QuantizationSpec { scheme, granularity, observer: crate::spec::ObserverKind::MinMax, scale_min: None };
+        let spec = |granularity| QuantizationSpec { scheme, granularity, observer: crate::spec::ObserverKind::MinMax, scale_min: None, pair_sum_max: None };
         let c = quantize_const(&data, &[3, 4], &spec(Granularity::PerAxis { axis: 0 }), None, false).unwrap();
         assert_eq!(c.param_shape, vec![3]);
         assert_eq!(c.params[0].scale, 6.0 / 127.0);

@@ -28,6 +28,7 @@ pub mod convert;
 pub mod htp;
 pub mod html;
 pub mod observer;
+pub mod pair_sums;
 pub mod passes;
 pub mod pattern;
 pub mod pipeline;

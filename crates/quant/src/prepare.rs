@@ -230,7 +230,7 @@ impl QuantPlan {
             let gid = *group_of_root.entry(root).or_insert_with(|| {
                 let (spec, fixed) = match &specs[root].0 {
                     Spec::Quantize(q) => (q.clone(), None),
-                    Spec::Fixed(f) => (QuantizationSpec { scheme: f.scheme, granularity: crate::spec::Granularity::PerTensor, observer: crate::spec::ObserverKind::MinMax, scale_min: None }, Some(f.clone())),
+                    Spec::Fixed(f) => (QuantizationSpec { scheme: f.scheme, granularity: crate::spec::Granularity::PerTensor, observer: crate::spec::ObserverKind::MinMax, scale_min: None, pair_sum_max: None }, Some(f.clone())),
                     _ => unreachable!("points are made from quantize and fixed specs"),
                 };
                 groups.push(Group { observer: Observer::new(&spec.observer), spec, fixed, points: vec![], unusable: None, softmax_rows: None, floor: None });

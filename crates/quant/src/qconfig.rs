@@ -141,7 +141,7 @@ impl TensorQConfig {
             (ObserverName::MovingAverage, _) => ObserverKind::MovingAverageMinMax { averaging_constant: self.averaging_constant.unwrap_or(0.01) },
             (_, range) => ObserverKind::Histogram { bins: self.bins.unwrap_or(2048), range },
         };
-        QuantizationSpec { scheme, granularity, observer, scale_min: None }
+        QuantizationSpec { scheme, granularity, observer, scale_min: None, pair_sum_max: None }
     }
 }
 

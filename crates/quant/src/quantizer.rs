@@ -216,7 +216,8 @@ impl ConfigQuantizer {
                     let Some(wc) = dc.weight.as_ref() else { return Err("the dtype config keeps weights in float".into()) };
                     let rank = g.value(v).ok().and_then(|x| x.initializer().map(|t| t.rank())).unwrap_or(2);
                     let (ch, block) = weight_axes(root_node, rank);
-                    let spec = wq.spec(conv, ch, block);
+                    let mut spec = wq.spec(conv, ch, block);
+                    spec.pair_sum_max = wc.pair_sum_max;
                     if let Some(why) = wc.violation(&spec) {
                         return Err(format!("weight: {why}"));
                     }

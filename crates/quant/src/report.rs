@@ -146,6 +146,9 @@ pub struct Report {
     /// Weights with one scale per tensor whose output channels keep fewer than
     /// [`crate::convert::FEW_WEIGHT_LEVELS`] levels of it.
     pub narrow_weight_channels: Vec<NarrowWeightRecord>,
+    /// Weights whose integers were fitted so that no two the target's kernel pairs overflow its
+    /// 16-bit sums (the weight dtype's `pair_sum_max`, [`crate::pair_sums`]).
+    pub pair_sums: Vec<PairSumRecord>,
     /// What an accuracy budget returned to float, decision by decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
@@ -226,6 +229,20 @@ impl std::fmt::Display for NarrowWeightRecord {
             per-channel weights (the default, unless --per-tensor or the backend asks otherwise) give each channel its own scale",
             self.weight, self.op, self.node, self.graph, self.narrow_channels, self.channels, crate::convert::FEW_WEIGHT_LEVELS, self.fewest_levels)
     }
+}
+
+/// One weight fitted to the target's `pair_sum_max` ([`crate::pair_sums`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct PairSumRecord {
+    pub graph: String,
+    pub node: String,
+    pub op: String,
+    pub weight: String,
+    /// Channels (scale parameters) whose scale rose above min/max so that their pairs fit.
+    pub rescaled: usize,
+    pub channels: usize,
+    /// Pairs whose integers were pulled in onto the constraint.
+    pub projected_pairs: usize,
 }
 
 /// The scales the weight range search chose for one weight.
@@ -367,6 +384,15 @@ impl Report {
             channels: *channels,
             fewest_levels: *fewest,
         }));
+        self.pair_sums.extend(log.pair_sums_fitted.iter().map(|(node, op, weight, rescaled, channels, projected)| PairSumRecord {
+            graph: graph.to_string(),
+            node: node.clone(),
+            op: op.clone(),
+            weight: weight.clone(),
+            rescaled: *rescaled,
+            channels: *channels,
+            projected_pairs: *projected,
+        }));
         self.narrow_inputs.extend(log.narrow_inputs.iter().map(|(node, op, value, levels, observed, output_range)| NarrowInputRecord {
             graph: graph.to_string(),
             node: node.clone(),
@@ -417,6 +443,18 @@ impl Report {
             u.from.join(" and "), u.values, u.constants, u.targets, u.casts_removed))
     }
 
+    /// How many weights were fitted to the target's 16-bit pair sums, when any were.
+    pub fn pair_sums_note(&self) -> Option<String> {
+        if self.pair_sums.is_empty() {
+            return None;
+        }
+        let rescaled: usize = self.pair_sums.iter().map(|r| r.rescaled).sum();
+        let channels: usize = self.pair_sums.iter().map(|r| r.channels).sum();
+        let projected: usize = self.pair_sums.iter().map(|r| r.projected_pairs).sum();
+        Some(format!("{} weight(s) fitted so that no two weights the target adds into one 16-bit sum can overflow it (ONNX Runtime's u8 x s8 kernels on x86 without VNNI): \
+            {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them)", self.pair_sums.len()))
+    }
+
     /// The activations whose range starts above their observed minimum, when there are any.
     pub fn floors_note(&self) -> Option<String> {
         let floored: Vec<&ActivationRecord> = self.activations.iter().filter(|a| a.floor.is_some()).collect();
@@ -454,6 +492,9 @@ impl Report {
             let _ = writeln!(s, "note: {note}");
         }
         if let Some(note) = self.floors_note() {
+            let _ = writeln!(s, "note: {note}");
+        }
+        if let Some(note) = self.pair_sums_note() {
             let _ = writeln!(s, "note: {note}");
         }
         for (w, c) in &self.bias_adjusted {

@@ -60,6 +60,10 @@ pub struct QuantizationSpec {
     pub observer: ObserverKind,
     /// Smallest scale the target accepts (`DTypeWithConstraints.scale_min_lower_bound`).
     pub scale_min: Option<f32>,
+    /// Weights: the largest sum of two paired same-sign integers
+    /// (`DTypeWithConstraints.pair_sum_max`, [`crate::pair_sums`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pair_sum_max: Option<i64>,
 }
 
 /// An input edge (node, input index) or an output (node, output index) of the graph.

@@ -10,7 +10,7 @@
 //! The node tests cover one operator each, with every attribute and type variation the ONNX
 //! suite has, so this is the widest sweep of graph shapes quantize meets. The ONNX "light"
 //! model zoo (IR version 3 models whose every weight is also a graph input) goes through the
-//! same check on random inputs. On a CPU without VNNI the weights are u8 ([`ort_quantizer`]).
+//! same check on random inputs.
 
 use std::path::{Path, PathBuf};
 
@@ -19,19 +19,13 @@ use qforge_quant::backend::BackendConfig;
 use qforge_quant::pipeline::{quantize, QuantizeError, QuantizeOptions};
 use qforge_quant::qconfig::RangeName;
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
-use qforge_quant::QType;
-use qforge_testkit::{cache, light_models, make_inputs, oracle, ort_u8s8_exact, repo, TempDir};
+use qforge_testkit::{cache, light_models, make_inputs, oracle, repo, TempDir};
 
-/// The default quantizer for the `ort` backend, with u8 weights on a CPU where ONNX Runtime's
-/// u8 x s8 kernels saturate ([`ort_u8s8_exact`]): its u8 x u8 kernels are exact everywhere, so
-/// the check measures quantization error, not the CPU's 16-bit sums.
+/// The default quantizer for the `ort` backend (its s8 weights fit ONNX Runtime's 16-bit pair
+/// sums, so the check measures quantization error on every CPU, not the CPU's arithmetic).
 fn ort_quantizer() -> ConfigQuantizer {
     let backend = BackendConfig::load("ort").unwrap();
-    let mut mapping = default_mapping(&backend, RangeName::Minmax, true);
-    if !ort_u8s8_exact() {
-        println!("this CPU has no VNNI: ONNX Runtime's u8 x s8 products saturate, so weights are u8");
-        mapping.global.as_mut().and_then(|q| q.weight.as_mut()).unwrap().dtype = QType::U8;
-    }
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
     ConfigQuantizer { mapping, backend }
 }
 

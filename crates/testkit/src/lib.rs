@@ -87,9 +87,10 @@ pub fn committed_models() -> Vec<RealModel> {
 /// *saturating* 16-bit sum: `255 * 127 + 255 * 127 = 64770` is clamped to 32767 (ONNX Runtime's
 /// quantization guide names this and suggests `reduce_range`). qforge accumulates exactly in
 /// 32 bits on every CPU, so where ONNX Runtime saturates the two differ. With AVX-512 VNNI or
-/// AVX-VNNI (`vpdpbusd`), and off x86, ONNX Runtime is exact. Tests that compare with ONNX
-/// Runtime bit for bit keep s8 weights against u8 data within `[-64, 64]` when this is false:
-/// `2 * 255 * 64 = 32640` cannot saturate.
+/// AVX-VNNI (`vpdpbusd`), and off x86, ONNX Runtime is exact. qforge's `ort` backend fits its
+/// weights to these sums (`qforge_quant::pair_sums`); tests that compare ONNX Runtime's own
+/// quantized models or arbitrary integer inputs with qforge bit for bit keep s8 weights against
+/// u8 data within `[-64, 64]` when this is false: `2 * 255 * 64 = 32640` cannot saturate.
 pub fn ort_u8s8_exact() -> bool {
     #[cfg(target_arch = "x86_64")]
     return std::arch::is_x86_feature_detected!("avx512vnni") || std::arch::is_x86_feature_detected!("avxvnni");

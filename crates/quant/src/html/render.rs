@@ -126,6 +126,7 @@ fn summary(out: &mut String, r: &HtmlReport) {
     warnings.extend(rep.upcast_note());
     warnings.extend(rep.constant_inputs_note());
     warnings.extend(rep.floors_note());
+    warnings.extend(rep.pair_sums_note());
     warnings.extend(rep.bias_adjusted.iter().map(|(w, n)| format!("weight '{w}': scale enlarged on {n} channel(s) so the int32 bias does not overflow")));
     let nonfinite: u64 = rep.activations.iter().map(|a| a.nonfinite).sum();
     if nonfinite > 0 {

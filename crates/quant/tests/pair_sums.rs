@@ -1,0 +1,99 @@
+//! Weights that would saturate ONNX Runtime's 16-bit pair sums on x86 CPUs without VNNI:
+//! every output channel's weights large and of one sign, inputs at the top of their range
+//! (u8 255). Quantized for the `ort` backend, which declares `pair_sum_max = 128`, each
+//! model's outputs in ONNX Runtime, with its fusions into integer kernels, equal qforge's
+//! exact execution on every CPU. Quantized without the constraint, the same models differ on
+//! a CPU where ONNX Runtime saturates (and agree where it does not), which shows the weights
+//! do reach the saturation the constraint prevents.
+
+use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor, ValueId};
+use qforge_quant::backend::BackendConfig;
+use qforge_quant::pipeline::{quantize, QuantizeOptions};
+use qforge_quant::qconfig::RangeName;
+use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
+use qforge_testkit::{compare, noise, ort_run_with, ort_u8s8_exact, TempDir};
+
+/// A one-node model `op(x, W[, B]) -> y` with `W` of `w_shape`: every output channel's
+/// weights in `[0.6, 1.0)`, negative on odd channels, so that all pairs share a sign.
+fn model(op: &str, attrs: &[(&str, Attr)], x_shape: &[usize], w_shape: &[usize], channel_axis: usize, bias: bool) -> Model {
+    let mut g = Graph::new("pairs");
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &x_shape.iter().map(|&d| d as i64).collect::<Vec<_>>()))).unwrap();
+    let inner: usize = w_shape[channel_axis + 1..].iter().product();
+    let channels = w_shape[channel_axis];
+    let w: Vec<f32> = noise(11, w_shape.iter().product(), 0.6, 1.0).into_iter().enumerate()
+        .map(|(i, v)| if (i / inner) % channels % 2 == 1 { -v } else { v }).collect();
+    let mut inputs: Vec<ValueId> = vec![x, g.add_initializer("W", Tensor::from_vec(w_shape, w).unwrap()).unwrap()];
+    if bias {
+        inputs.push(g.add_initializer("B", Tensor::from_vec(&[channels], noise(12, channels, -0.5, 0.5)).unwrap()).unwrap());
+    }
+    let y = g.new_value("y", None).unwrap();
+    let mut node = Node::new(op, "node").with_inputs(inputs).with_outputs([y]);
+    for (name, value) in attrs {
+        node = node.with_attr(name, value.clone());
+    }
+    g.add_node(node).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() }
+}
+
+/// The `ort` backend, with or without its `pair_sum_max`.
+fn ort_backend(pair_sums: bool) -> BackendConfig {
+    let mut b = BackendConfig::load("ort").unwrap();
+    let weight = b.dtype_configs.get_mut("weighted_int8").unwrap().weight.as_mut().unwrap();
+    assert_eq!(weight.pair_sum_max, Some(128), "the ort backend declares ONNX Runtime's pair sums");
+    if !pair_sums {
+        weight.pair_sum_max = None;
+    }
+    b
+}
+
+/// Quantizes `m` (calibrated on inputs in `[0, 1]`, one sample all ones), runs it on all-ones
+/// and on random input in ONNX Runtime (fusions on) and in qforge; returns the largest
+/// difference of their outputs, in output quantization steps.
+fn ort_minus_qforge(name: &str, m: &Model, x_shape: &[usize], pair_sums: bool) -> f64 {
+    let n: usize = x_shape.iter().product();
+    let feed = |v: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(x_shape, v).unwrap())];
+    let calibration: Vec<Vec<(String, Tensor)>> = vec![feed(vec![1.0; n]), feed(noise(1, n, 0.0, 1.0)), feed(noise(2, n, 0.0, 1.0))];
+    let backend = ort_backend(pair_sums);
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    let (q, report) = quantize(m, &ConfigQuantizer { backend, mapping }, &calibration, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    assert!(report.nodes.iter().all(|r| r.quantized), "{name}: {:?}", report.nodes);
+    assert_eq!(report.pair_sums.len(), usize::from(pair_sums), "{name}: {:?}", report.pair_sums);
+    let tmp = TempDir::new(&format!("pair-sums-{name}-{pair_sums}"));
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let step = report.activations.iter().find(|a| a.value == "y").map(|a| a.scale as f64).unwrap_or_else(|| panic!("{name}: y is quantized"));
+    let mut worst = 0f64;
+    for input in [feed(vec![1.0; n]), feed(noise(3, n, 0.0, 1.0))] {
+        let ours = qforge_runtime::Session::new(&q).unwrap().run(input.clone()).unwrap();
+        let theirs = ort_run_with(&path, &input, 1, true);
+        let (diff, _) = compare(&theirs[0].1, &ours[0].1, 0.0, 0.0);
+        worst = worst.max(diff / step);
+    }
+    worst
+}
+
+#[test]
+fn weights_fitted_to_pair_sums_run_exactly_in_onnx_runtime_on_every_cpu() {
+    let cases: Vec<(&str, Model, Vec<usize>)> = vec![
+        ("conv_3_inputs", model("Conv", &[("pads", Attr::Ints(vec![1; 4]))], &[1, 3, 8, 8], &[8, 3, 3, 3], 0, true), vec![1, 3, 8, 8]),
+        ("conv_grouped", model("Conv", &[("group", Attr::Int(2))], &[1, 8, 6, 6], &[8, 4, 3, 3], 0, true), vec![1, 8, 6, 6]),
+        ("conv_depthwise_x2", model("Conv", &[("group", Attr::Int(4))], &[1, 4, 6, 6], &[8, 1, 3, 3], 0, true), vec![1, 4, 6, 6]),
+        ("conv_1d", model("Conv", &[], &[1, 6, 12], &[8, 6, 3], 0, false), vec![1, 6, 12]),
+        ("gemm_transposed", model("Gemm", &[("transB", Attr::Int(1))], &[2, 16], &[8, 16], 0, true), vec![2, 16]),
+        ("gemm", model("Gemm", &[], &[2, 16], &[16, 8], 1, true), vec![2, 16]),
+        ("matmul", model("MatMul", &[], &[2, 3, 16], &[16, 8], 1, false), vec![2, 3, 16]),
+    ];
+    let exact = ort_u8s8_exact();
+    for (name, m, x_shape) in &cases {
+        let fitted = ort_minus_qforge(name, m, x_shape, true);
+        assert!(fitted < 1e-3, "{name}: ONNX Runtime is {fitted} output steps off qforge with pair sums fitted");
+        let unfitted = ort_minus_qforge(name, m, x_shape, false);
+        if exact {
+            assert!(unfitted < 1e-3, "{name}: this CPU has VNNI, yet ONNX Runtime is {unfitted} steps off");
+        } else {
+            assert!(unfitted >= 1.0, "{name}: without the fit ONNX Runtime should saturate here, yet it is only {unfitted} steps off");
+        }
+        println!("{name}: fitted 0 steps off ONNX Runtime; unfitted {unfitted:.0} steps off");
+    }
+}
