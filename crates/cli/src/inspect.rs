@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use qforge_ir::{Attr, Graph, Model, ValueId};
+use qforge_ir::{Attr, DType, Graph, Model, Node, ValueId};
 use qforge_runtime::Registry;
 use serde_json::{json, Value as Json};
 
@@ -33,6 +33,55 @@ struct Walk<'a> {
     param_bytes: u64,
     subgraphs: Vec<Json>,
     unsupported: BTreeMap<String, u64>,
+}
+
+/// The element type of integer value `v`: its declared type, an initializer's, or the zero
+/// point type of the QuantizeLinear producing it (u8 without one).
+fn int_dtype(g: &Graph, v: ValueId) -> Option<DType> {
+    let val = g.value(v).ok()?;
+    if let Some(t) = val.initializer() {
+        return Some(t.dtype());
+    }
+    if let Some(d) = val.ty.as_ref().and_then(|t| t.elem()) {
+        return Some(d);
+    }
+    let (p, _) = g.producer(v)?;
+    let q = g.node(p).ok()?;
+    if q.op_type != "QuantizeLinear" {
+        return None;
+    }
+    match q.input(2) {
+        Some(zp) => int_dtype(g, zp),
+        None => Some(DType::U8),
+    }
+}
+
+/// For a node that multiplies u8 activations by constant s8 weights in ONNX Runtime's u8 x s8
+/// kernels: the op whose reduction order the kernel follows, the integer activation, the
+/// integer weight and its zero point (QDQ Conv/Gemm/MatMul reading both through
+/// DequantizeLinear, QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger, QGemm).
+fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId, Option<ValueId>)> {
+    let through_dq = |v: ValueId| -> Option<(ValueId, Option<ValueId>)> {
+        let (p, _) = g.producer(v)?;
+        let dq = g.node(p).ok()?;
+        (dq.op_type == "DequantizeLinear").then(|| (dq.input(0), dq.input(2))).and_then(|(x, zp)| Some((x?, zp)))
+    };
+    let (op, x, w, w_zp) = match (n.domain.as_str(), n.op_type.as_str()) {
+        ("", "Conv" | "Gemm" | "MatMul") => {
+            let (x, _) = through_dq(n.input(0)?)?;
+            let (w, w_zp) = through_dq(n.input(1)?)?;
+            let op = match n.op_type.as_str() { "Conv" => "Conv", "Gemm" => "Gemm", _ => "MatMul" };
+            (op, x, w, w_zp)
+        }
+        ("", "QLinearConv") => ("Conv", n.input(0)?, n.input(3)?, n.input(5)),
+        ("", "QLinearMatMul") => ("MatMul", n.input(0)?, n.input(3)?, n.input(5)),
+        ("", "ConvInteger") => ("Conv", n.input(0)?, n.input(1)?, n.input(3)),
+        ("", "MatMulInteger") => ("MatMul", n.input(0)?, n.input(1)?, n.input(3)),
+        ("com.microsoft", "QGemm") => ("Gemm", n.input(0)?, n.input(3)?, n.input(5)),
+        _ => return None,
+    };
+    let constant = g.value(w).ok()?.initializer().is_some_and(|t| t.dtype() == DType::I8);
+    (constant && int_dtype(g, x) == Some(DType::U8)).then_some((op, x, w, w_zp))
 }
 
 impl Walk<'_> {
@@ -67,6 +116,46 @@ impl Walk<'_> {
     }
 }
 
+/// The constant s8 weights read against u8 activations by an op with an ONNX Runtime u8 x s8
+/// kernel ([`u8s8_operands`]), in the model with its constants folded (a weight quantized
+/// at run time, `QuantizeLinear` of a float constant, counts with the integers it becomes):
+/// how many, and for each with pairs that kernel adds into one 16-bit sum
+/// (`qforge_quant::pair_sums`) of one sign and above 128 in magnitude, where `255 · (|a| + |b|)`
+/// can saturate on x86 CPUs without VNNI, how many such pairs.
+fn pair_sums(model: &Model) -> Json {
+    let mut folded = model.clone();
+    qforge_onnx::fold_constant_nodes(&mut folded);
+    let opsets = folded.opset_imports.clone();
+    if qforge_runtime::fold_constants(&mut folded.graph, &opsets, |n| n.op_type == "DequantizeLinear").is_err() {
+        folded = model.clone();
+    }
+    let (mut weights, mut saturating) = (0u64, vec![]);
+    let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
+    while let Some((g, path)) = stack.pop() {
+        for (id, n) in g.nodes() {
+            for (attr, sub) in n.subgraphs() {
+                let here = format!("{}.{attr}", n.display_name(id));
+                stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
+            }
+            let Some((op, _, w, w_zp)) = u8s8_operands(g, n) else { continue };
+            let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
+            let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
+            let as_op = ["group", "transB"].into_iter().fold(Node::new(op, ""), |m, a| match n.attr(a) {
+                Some(v) => m.with_attr(a, v.clone()),
+                None => m,
+            });
+            let (Some(pairs), Ok(q), true) = (qforge_quant::pair_sums::reduction_pairs(&as_op, t.shape()), t.to_i64_vec(), zero) else { continue };
+            weights += 1;
+            let over = pairs.iter().filter(|&&[a, b]| q[a].signum() == q[b].signum() && q[a].abs() + q[b].abs() > 128).count();
+            if over > 0 {
+                let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
+                saturating.push(json!({ "node": node, "op": n.op_type, "weight": g.value_name(w), "pairs": over, "of": pairs.len() }));
+            }
+        }
+    }
+    json!({ "weights": weights, "saturating": saturating })
+}
+
 /// Everything `inspect` reports, as JSON (the text form is printed from it).
 fn report(model: &Model, path: &Path) -> Json {
     let registry = Registry::builtin();
@@ -98,6 +187,7 @@ fn report(model: &Model, path: &Path) -> Json {
             "subgraphs": w.subgraphs,
             "functions": model.functions.iter().map(|f| format!("{}::{}", f.domain, f.name)).collect::<Vec<_>>(),
             "unsupported_ops": w.unsupported,
+            "u8s8_pair_sums": pair_sums(model),
     })
 }
 
@@ -139,6 +229,23 @@ fn print_text(j: &Json) {
         for s in subs {
             println!("  {} ({} nodes)", s["path"].as_str().unwrap_or(""), s["nodes"]);
         }
+    }
+    let pairs = &j["u8s8_pair_sums"];
+    let saturating = pairs["saturating"].as_array().unwrap();
+    let weights = pairs["weights"].as_u64().unwrap_or(0);
+    if !saturating.is_empty() {
+        println!("warning    {} of {weights} u8 x s8 weights have pairs whose 16-bit sum can saturate in ONNX Runtime on x86 CPUs without VNNI \
+            (255 x (|a| + |b|) > 32767), so there its results leave the ONNX semantics; qforge's ort backend avoids them (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
+        let mut worst: Vec<&Json> = saturating.iter().collect();
+        worst.sort_by_key(|s| std::cmp::Reverse(s["pairs"].as_u64()));
+        for s in worst.iter().take(5) {
+            println!("  {:<28} {} of {} pairs ({} '{}')", s["node"].as_str().unwrap_or(""), s["pairs"], s["of"], s["op"].as_str().unwrap_or(""), s["weight"].as_str().unwrap_or(""));
+        }
+        if worst.len() > 5 {
+            println!("  ... {} more (--json lists them all)", worst.len() - 5);
+        }
+    } else if weights > 0 {
+        println!("pair sums  all {weights} u8 x s8 weights fit ONNX Runtime's 16-bit pair sums (exact on x86 CPUs without VNNI too)");
     }
     let unsupported = j["unsupported_ops"].as_object().unwrap();
     if unsupported.is_empty() {

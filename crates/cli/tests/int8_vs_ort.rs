@@ -174,3 +174,41 @@ fn onnx_runtime_quantized_models_run_as_in_onnx_runtime() {
     // ocr_det is left out: ONNX Runtime's quantizer takes about half a minute on it.
     all_match(Form::OrtQdq, &[MODELS[0], MODELS[1], MODELS[3]]);
 }
+
+/// `qforge inspect --json`'s count of the u8 x s8 weights whose 16-bit pair sums can saturate
+/// in ONNX Runtime without VNNI, on orientation quantized three ways: by ONNX Runtime at full
+/// range (flagged; on such a CPU its outputs then differ from the exact ones qforge computes,
+/// on a VNNI CPU they agree), by ONNX Runtime with `--reduce-range` (7-bit weights cannot
+/// saturate) and by qforge (fitted).
+#[test]
+fn inspect_flags_weights_whose_pair_sums_onnx_runtime_saturates() {
+    let m = real_models().into_iter().find(|m| m.name == "orientation").expect("orientation in the test cache (run scripts/setup.sh)");
+    let tmp = TempDir::new("inspect-pair-sums");
+    let calib = tmp.path().join("calib");
+    let feeds = samples(&calib, &m, 4);
+    let inputs: Vec<String> = feeds.iter().flat_map(|f| ["--input".to_string(), f.clone()]).collect();
+    let saturating = |model: &Path| -> (u64, usize) {
+        let o = qforge(&[OsStr::new("inspect"), OsStr::new("--json"), model.as_os_str()]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (j["u8s8_pair_sums"]["weights"].as_u64().unwrap(), j["u8s8_pair_sums"]["saturating"].as_array().unwrap().len())
+    };
+    let ort_full = tmp.path().join("ort_full.onnx");
+    let o = oracle("ort_quantize.py", &[m.path.as_os_str(), calib.as_os_str(), ort_full.as_os_str()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let (weights, flagged) = saturating(&ort_full);
+    assert!(weights >= 15 && flagged > weights as usize / 2, "ONNX Runtime's full-range orientation: {flagged} of {weights} weights flagged");
+    let (theirs, ours) = run_both("orientation", &ort_full, &inputs, false, &tmp.path().join("ort_full"));
+    let (worst, same) = qforge_testkit::compare(&ours[0].1, &theirs[0].1, 1e-5, 1e-6);
+    assert_eq!(same, ort_u8s8_exact(), "ONNX Runtime against qforge's exact integers on the flagged model: off by up to {worst}");
+
+    let ort_reduced = tmp.path().join("ort_reduced.onnx");
+    let o = oracle("ort_quantize.py", &[m.path.as_os_str(), calib.as_os_str(), ort_reduced.as_os_str(), OsStr::new("--reduce-range")]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(saturating(&ort_reduced), (weights, 0), "7-bit weights");
+
+    let ours_path = tmp.path().join("qforge.onnx");
+    let o = qforge(&[OsStr::new("quantize"), m.path.as_os_str(), OsStr::new("-o"), ours_path.as_os_str(), OsStr::new("--calibration-data"), calib.as_os_str()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(saturating(&ours_path), (weights, 0), "qforge's ort backend fits every weight");
+}
