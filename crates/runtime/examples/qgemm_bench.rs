@@ -92,7 +92,7 @@ fn main() {
             let (m, k, n) = (dim(2), dim(3), dim(4));
             let isa = match flag(&args, "--isa").as_deref() {
                 None => Isa::best(),
-                Some(name) => *Isa::ALL.iter().find(|i| i.name() == name).expect("--isa avx512vnni|avx2|portable"),
+                Some(name) => *Isa::ALL.iter().find(|i| i.name() == name).expect("--isa avx512vnni|avx2pairs|avx2|portable"),
             };
             assert!(isa.available(), "this CPU lacks {}", isa.name());
             let a = bytes(m * k, 1);

@@ -12,9 +12,11 @@
 //! All arithmetic is in wrapping `i32`, so every path gives the same integers, equal to the
 //! exact product modulo 2^32.
 //!
-//! * Kernels: AVX-512 VNNI (`vpdpbusd`, tiles of 12 x 32), AVX2 (`vpmaddwd` on 16-bit values,
-//!   6 x 16; `vpmaddubsw` is avoided because its 16-bit pair sums saturate) and a portable
-//!   scalar one, chosen at run time ([`Isa::best`]) or forced by packing B for a family.
+//! * Kernels: AVX-512 VNNI (`vpdpbusd`, tiles of 12 x 32), AVX2 on bytes (`vpmaddubsw`, 6 x
+//!   16) for weights whose 16-bit pair sums cannot saturate, AVX2 on 16-bit values
+//!   (`vpmaddwd`, 6 x 16) for all others, and a portable scalar one, chosen at run time
+//!   ([`Isa::best`], and [`PackedB::pack_with`] for the AVX2 pair check) or forced by packing B
+//!   for a family.
 //! * Blocking: the product runs in blocks of `MC = 144` rows by `NC = 256` columns, each over
 //!   depth blocks of 512 bytes per row (`KC`; 512 u8 or 256 i16). A block's rows of A are read
 //!   in place when they already are in stored form (u8 activations for VNNI), else copied
@@ -58,6 +60,11 @@ pub enum Int8 {
 pub enum Isa {
     /// AVX-512 F/BW with VNNI: `vpdpbusd`, 64 multiply-adds per instruction.
     Avx512Vnni,
+    /// AVX2 on bytes: `vpmaddubsw` multiplies 32 u8 x i8 pairs and adds each two into a
+    /// saturating 16-bit sum, `vpmaddwd` adds those into 32-bit lanes. Exact only for weights
+    /// of which no two paired ones can overflow the 16-bit sum against any u8 activations:
+    /// [`PackedB::pack_with`] checks that and packs for [`Isa::Avx2`] otherwise.
+    Avx2Pairs,
     /// AVX2: `vpmaddwd` on 16-bit values, 16 multiply-adds per instruction.
     Avx2,
     /// Scalar code on any CPU.
@@ -80,7 +87,7 @@ pub(crate) struct Epilogue {
 
 impl Isa {
     /// Every family, fastest first.
-    pub const ALL: [Isa; 3] = [Isa::Avx512Vnni, Isa::Avx2, Isa::Portable];
+    pub const ALL: [Isa; 4] = [Isa::Avx512Vnni, Isa::Avx2Pairs, Isa::Avx2, Isa::Portable];
 
     /// Whether this CPU can run the family.
     pub fn available(self) -> bool {
@@ -92,7 +99,7 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Isa::Avx2Pairs | Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
             Isa::Portable => true,
             #[allow(unreachable_patterns)]
             _ => false,
@@ -105,10 +112,11 @@ impl Isa {
         *BEST.get_or_init(|| Isa::ALL.into_iter().find(|i| i.available()).unwrap_or(Isa::Portable))
     }
 
-    /// A short name (`avx512vnni`, `avx2`, `portable`).
+    /// A short name (`avx512vnni`, `avx2pairs`, `avx2`, `portable`).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Avx2Pairs => "avx2pairs",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
@@ -121,7 +129,9 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512vnni::tile_fn(rows, cols),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::tile_fn(rows, cols),
+            Isa::Avx2Pairs => avx2::tile_fn::<true>(rows, cols),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::tile_fn::<false>(rows, cols),
             _ => portable::tile_fn(rows),
         }
     }

@@ -1,19 +1,20 @@
 //! Packed operand layouts shared by the micro-kernels.
 //!
 //! Both operands are read in groups of `kg` consecutive `k` (4 bytes per row or column and
-//! group: four `u8`/`i8` for AVX-512 VNNI, two `i16` for AVX2 and the portable kernel):
+//! group: four `u8`/`i8` for AVX-512 VNNI and AVX2 on bytes, two `i16` for AVX2 on 16-bit
+//! values and the portable kernel):
 //!
 //! * **B** (weights, packed once): panels of `nr` columns; a panel holds every group of the
 //!   padded depth, each group `nr * 4` bytes with column `c` at bytes `4c..4c + 4`. Columns
 //!   past `n` and depths past `k` are zero.
 //! * **A** (activations): row-major, the kernel reading 4 bytes of each row per group. The
 //!   rows of a block are read in place when their bytes already are the stored form (u8
-//!   activations for VNNI, depths inside `k`), else copied per block into a buffer with the
+//!   activations for the byte kernels, depths inside `k`), else copied per block into a buffer with the
 //!   shift or widening applied and the depth zero-padded to whole groups.
 //!
 //! Stored values may be shifted from the originals so that the kernel's instruction sees the
-//! signedness it needs (VNNI multiplies `u8` by `i8`): `stored = original + shift` with the
-//! shift in {-128, 0, 128}, applied as `xor 0x80`. The driver folds the shifts into the
+//! signedness it needs (VNNI and `vpmaddubsw` multiply `u8` by `i8`): `stored = original +
+//! shift` with the shift in {-128, 0, 128}, applied as `xor 0x80`. The driver folds the shifts into the
 //! zero points, so `(a - a_zp) (b - b_zp) = (a' - a_zp') (b' - b_zp')` exactly.
 
 use super::{Int8, Isa};
@@ -84,6 +85,7 @@ impl Isa {
     pub(crate) fn geometry(self) -> Geometry {
         match self {
             Isa::Avx512Vnni => Geometry { mr: 12, nr: 32, kg: 4, wide: false },
+            Isa::Avx2Pairs => Geometry { mr: 6, nr: 16, kg: 4, wide: false },
             Isa::Avx2 | Isa::Portable => Geometry { mr: 6, nr: 16, kg: 2, wide: true },
         }
     }
@@ -91,7 +93,7 @@ impl Isa {
     /// The shift added to stored A values of type `t`.
     pub(crate) fn a_shift(self, t: Int8) -> i32 {
         match (self, t) {
-            (Isa::Avx512Vnni, Int8::I8) => 128,
+            (Isa::Avx512Vnni | Isa::Avx2Pairs, Int8::I8) => 128,
             _ => 0,
         }
     }
@@ -99,7 +101,7 @@ impl Isa {
     /// The shift added to stored B values of type `t`.
     pub(crate) fn b_shift(self, t: Int8) -> i32 {
         match (self, t) {
-            (Isa::Avx512Vnni, Int8::U8) => -128,
+            (Isa::Avx512Vnni | Isa::Avx2Pairs, Int8::U8) => -128,
             _ => 0,
         }
     }
@@ -123,8 +125,11 @@ pub struct PackedB {
 impl PackedB {
     /// Packs `B` given element by element: `get(kk, j)` is the raw byte of row `kk`, column `j`
     /// (reinterpreted as `i8` when `dtype` is `I8`). Any layout (row-major, transposed, a
-    /// convolution's weights in any order) packs through this one function.
+    /// convolution's weights in any order) packs through this one function. For
+    /// [`Isa::Avx2Pairs`], B packs for [`Isa::Avx2`] instead unless its pairs fit
+    /// ([`pairs_fit`]).
     pub fn pack_with(isa: Isa, dtype: Int8, k: usize, n: usize, get: impl Fn(usize, usize) -> u8) -> PackedB {
+        let isa = if isa == Isa::Avx2Pairs && !pairs_fit(dtype, k, n, &get) { Isa::Avx2 } else { isa };
         let g = isa.geometry();
         let kp = k.div_ceil(g.kg) * g.kg;
         let panels = n.div_ceil(g.nr);
@@ -199,6 +204,23 @@ impl PackedB {
         // SAFETY: `off` is within the packed data (checked above).
         unsafe { self.data.bytes().as_ptr().add(off) }
     }
+}
+
+/// Whether `vpmaddubsw` is exact for `B` (`get` as in [`PackedB::pack_with`]) against any
+/// stored u8 activations: in each column, the stored values (`i8`, u8 weights shifted by
+/// -128) of depths `2m` and `2m + 1`, which the instruction adds into one saturating 16-bit
+/// sum, have positive parts summing to at most 128 and negative parts to at most 128, so that
+/// `255 · 128 = 32640` bounds the sum both ways.
+pub(crate) fn pairs_fit(dtype: Int8, k: usize, n: usize, get: &impl Fn(usize, usize) -> u8) -> bool {
+    let shift = Isa::Avx2Pairs.b_shift(dtype);
+    let stored = |kk: usize, j: usize| match dtype {
+        Int8::U8 => get(kk, j) as i32 + shift,
+        Int8::I8 => get(kk, j) as i8 as i32 + shift,
+    };
+    (0..n).all(|j| (0..k / 2).all(|m| {
+        let (x, y) = (stored(2 * m, j), stored(2 * m + 1, j));
+        x.max(0) + y.max(0) <= 128 && (-x).max(0) + (-y).max(0) <= 128
+    }))
 }
 
 /// Copies one row of A into its stored form: bytes (flipped by `xor 0x80` when `flip`) or
