@@ -57,10 +57,10 @@ fn int_dtype(g: &Graph, v: ValueId) -> Option<DType> {
 }
 
 /// For a node that multiplies u8 activations by constant s8 weights in ONNX Runtime's u8 x s8
-/// kernels: the op whose reduction order the kernel follows, the integer activation, the
-/// integer weight and its zero point (QDQ Conv/Gemm/MatMul reading both through
-/// DequantizeLinear, QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger, QGemm).
-fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId, Option<ValueId>)> {
+/// kernels: the op whose reduction order the kernel follows, the integer weight and its zero
+/// point (QDQ Conv/Gemm/MatMul reading both through DequantizeLinear, QLinearConv,
+/// QLinearMatMul, ConvInteger, MatMulInteger, QGemm).
+fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, Option<ValueId>)> {
     let through_dq = |v: ValueId| -> Option<(ValueId, Option<ValueId>)> {
         let (p, _) = g.producer(v)?;
         let dq = g.node(p).ok()?;
@@ -81,7 +81,7 @@ fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId,
         _ => return None,
     };
     let constant = g.value(w).ok()?.initializer().is_some_and(|t| t.dtype() == DType::I8);
-    (constant && int_dtype(g, x) == Some(DType::U8)).then_some((op, x, w, w_zp))
+    (constant && int_dtype(g, x) == Some(DType::U8)).then_some((op, w, w_zp))
 }
 
 impl Walk<'_> {
@@ -137,7 +137,7 @@ fn pair_sums(model: &Model) -> Json {
                 let here = format!("{}.{attr}", n.display_name(id));
                 stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
             }
-            let Some((op, _, w, w_zp)) = u8s8_operands(g, n) else { continue };
+            let Some((op, w, w_zp)) = u8s8_operands(g, n) else { continue };
             let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
             let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
             let as_op = ["group", "transB"].into_iter().fold(Node::new(op, ""), |m, a| match n.attr(a) {

@@ -10,16 +10,18 @@
 //! saturate, so the model gives the same results on every CPU.
 //!
 //! Which weights are paired is the kernel's reduction order ([`reduction_pairs`]), measured
-//! against ONNX Runtime 1.31 (`qdq_benchmark_models_run_as_integer_kernels_like_onnx_runtime`
-//! in `crates/cli/tests/int8_vs_ort.rs` checks it on every CPU): element `2m` with `2m + 1`
-//! along the reduction of one output channel. Only two weights of one sign can overflow: with
-//! opposite signs the pair sum stays within `255 · 128`.
+//! against ONNX Runtime 1.31: element `2m` with `2m + 1` along the reduction of one output
+//! channel. `crates/quant/tests/pair_sums.rs` (weights whose every pair would saturate) and
+//! `crates/cli/tests/int8_vs_ort.rs` (the benchmark models) compare ONNX Runtime with qforge
+//! at full weight range. Only two weights of one sign can overflow: with opposite signs the
+//! pair sum stays within `255 · 128`.
 //!
-//! Per output channel ([`pair_scales`]), the scale is the one, from the min/max scale up to the
-//! scale at which the channel's largest pair fits, with the least squared weight error once
-//! violating pairs are projected ([`project_pairs`]): a channel whose large weights sit apart
-//! keeps its scale and has a few pairs pulled in; a channel with two near-maximal neighbours
-//! gets a coarser scale rather than two halved weights.
+//! Per output channel ([`PairedWeight::pair_scales`]), the scale is the one, from the min/max
+//! scale up to the scale at which the channel's largest pair fits, with the least squared
+//! weight error once violating pairs are projected ([`PairedWeight::project_pairs`]): a
+//! channel with two near-maximal neighbours gets a coarser scale rather than two halved
+//! weights, one whose large weight sits among thousands of small ones gets part of the rise
+//! and has that pair pulled in the rest of the way.
 
 use qforge_ir::Node;
 
@@ -72,8 +74,8 @@ pub fn reduction_pairs(node: &Node, shape: &[usize]) -> Option<Vec<[usize; 2]>> 
     Some(pairs)
 }
 
-/// A quantized weight being fitted: float values, the parameter each element uses, and the
-/// integer range.
+/// A quantized weight being fitted: float values, the parameter each element uses, the integer
+/// range, the pairs ([`reduction_pairs`]) and their limit.
 pub struct PairedWeight<'a> {
     pub data: &'a [f32],
     pub param_of: &'a (dyn Fn(usize) -> usize + Sync),
@@ -97,7 +99,7 @@ impl PairedWeight<'_> {
     /// constraint: both magnitudes lowered by the same real amount (the least-squares point of
     /// `|a| + |b| = max`), then rounded so that they sum to `max` exactly. Pairs within the
     /// constraint come back unchanged.
-    fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
+    pub fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
         let (da, db) = (qa - pa.zero_point, qb - pb.zero_point);
         if da.signum() != db.signum() || da.abs() + db.abs() <= self.max {
             return (qa, qb);
@@ -114,7 +116,7 @@ impl PairedWeight<'_> {
     }
 
     /// For each parameter, the factor (at least 1) to multiply its scale by: among
-    /// [`SCALE_STEPS`] + 1 factors from 1 to the one at which the parameter's largest same-sign
+    /// `SCALE_STEPS + 1` (17) factors from 1 to the one at which the parameter's largest same-sign
     /// pair sums to [`Self::max`], the one with the least squared error of the parameter's
     /// elements after nearest rounding and [`Self::fit`] (the smallest factor on ties).
     /// Parameters with no pair over the constraint keep factor 1.

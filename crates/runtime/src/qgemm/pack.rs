@@ -127,7 +127,7 @@ impl PackedB {
     /// (reinterpreted as `i8` when `dtype` is `I8`). Any layout (row-major, transposed, a
     /// convolution's weights in any order) packs through this one function. For
     /// [`Isa::Avx2Pairs`], B packs for [`Isa::Avx2`] instead unless its pairs fit
-    /// ([`pairs_fit`]).
+    /// (`pairs_fit`).
     pub fn pack_with(isa: Isa, dtype: Int8, k: usize, n: usize, get: impl Fn(usize, usize) -> u8) -> PackedB {
         let isa = if isa == Isa::Avx2Pairs && !pairs_fit(dtype, k, n, &get) { Isa::Avx2 } else { isa };
         let g = isa.geometry();
