@@ -35,27 +35,6 @@ struct Walk<'a> {
     unsupported: BTreeMap<String, u64>,
 }
 
-/// The element type of integer value `v`: its declared type, an initializer's, or the zero
-/// point type of the QuantizeLinear producing it (u8 without one).
-fn int_dtype(g: &Graph, v: ValueId) -> Option<DType> {
-    let val = g.value(v).ok()?;
-    if let Some(t) = val.initializer() {
-        return Some(t.dtype());
-    }
-    if let Some(d) = val.ty.as_ref().and_then(|t| t.elem()) {
-        return Some(d);
-    }
-    let (p, _) = g.producer(v)?;
-    let q = g.node(p).ok()?;
-    if q.op_type != "QuantizeLinear" {
-        return None;
-    }
-    match q.input(2) {
-        Some(zp) => int_dtype(g, zp),
-        None => Some(DType::U8),
-    }
-}
-
 /// For a node that multiplies u8 activations by constant s8 weights in ONNX Runtime's u8 x s8
 /// kernels: the op whose reduction order the kernel follows, the integer weight and its zero
 /// point (QDQ Conv/Gemm/MatMul reading both through DequantizeLinear, QLinearConv,
@@ -81,7 +60,8 @@ fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, Option<V
         _ => return None,
     };
     let constant = g.value(w).ok()?.initializer().is_some_and(|t| t.dtype() == DType::I8);
-    (constant && int_dtype(g, x) == Some(DType::U8)).then_some((op, w, w_zp))
+    let u8_activation = g.value(x).ok()?.ty.as_ref().and_then(|t| t.elem()) == Some(DType::U8);
+    (constant && u8_activation).then_some((op, w, w_zp))
 }
 
 impl Walk<'_> {
@@ -118,10 +98,10 @@ impl Walk<'_> {
 
 /// The constant s8 weights read against u8 activations by an op with an ONNX Runtime u8 x s8
 /// kernel ([`u8s8_operands`]), in the model with its constants folded (a weight quantized
-/// at run time, `QuantizeLinear` of a float constant, counts with the integers it becomes):
-/// how many, and for each with pairs that kernel adds into one 16-bit sum
-/// (`qforge_quant::pair_sums`) of one sign and above 128 in magnitude, where `255 · (|a| + |b|)`
-/// can saturate on x86 CPUs without VNNI, how many such pairs.
+/// at run time, `QuantizeLinear` of a float constant, counts with the integers it becomes) and
+/// its types inferred: how many, and for each with pairs that kernel adds into one 16-bit sum
+/// over the `ort` backend's `pair_sum_max` (`qforge_quant::pair_sums`), where they can
+/// saturate on x86 CPUs without VNNI, how many such pairs.
 fn pair_sums(model: &Model) -> Json {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);
@@ -129,6 +109,9 @@ fn pair_sums(model: &Model) -> Json {
     if qforge_runtime::fold_constants(&mut folded.graph, &opsets, |n| n.op_type == "DequantizeLinear").is_err() {
         folded = model.clone();
     }
+    qforge_ir::infer::infer_model(&mut folded);
+    let limit = qforge_quant::backend::BackendConfig::load("ort").ok().and_then(|b| b.pair_sum_max(qforge_quant::QType::S8))
+        .expect("the built-in ort backend declares pair_sum_max for its s8 weights");
     let (mut weights, mut saturating) = (0u64, vec![]);
     let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
     while let Some((g, path)) = stack.pop() {
@@ -146,7 +129,7 @@ fn pair_sums(model: &Model) -> Json {
             });
             let (Some(pairs), Ok(q), true) = (qforge_quant::pair_sums::reduction_pairs(&as_op, t.shape()), t.to_i64_vec(), zero) else { continue };
             weights += 1;
-            let over = pairs.iter().filter(|&&[a, b]| q[a].signum() == q[b].signum() && q[a].abs() + q[b].abs() > 128).count();
+            let over = pairs.iter().filter(|&&[a, b]| qforge_quant::pair_sums::overflows(q[a], q[b], limit)).count();
             if over > 0 {
                 let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
                 saturating.push(json!({ "node": node, "op": n.op_type, "weight": g.value_name(w), "pairs": over, "of": pairs.len() }));

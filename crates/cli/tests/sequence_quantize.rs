@@ -101,8 +101,7 @@ fn convs_around_sequence_ops_quantize_and_sequence_nodes_stay_float() {
     let calib = calibration(tmp.path(), 8);
     let out = tmp.path().join("q.onnx");
     let report = tmp.path().join("report.json");
-    let args: Vec<&std::ffi::OsStr> = vec!["quantize".as_ref(), float_path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()];
-    let o = qforge(&args);
+    let o = qforge(&["quantize".as_ref(), float_path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), calib.as_os_str(), "--report".as_ref(), report.as_os_str()]);
     assert!(o.status.success(), "{}", text(&o.stderr));
 
     // The report: every Conv quantized; every node of sequences float, with the reason.

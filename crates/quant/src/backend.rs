@@ -255,6 +255,11 @@ impl BackendConfig {
         set.into_iter().collect()
     }
 
+    /// The `pair_sum_max` the target declares for weights of `qtype`, if any.
+    pub fn pair_sum_max(&self, qtype: QType) -> Option<i64> {
+        self.dtype_configs.values().filter_map(|d| d.weight.as_ref()).find(|w| w.dtype.qtype() == Some(qtype))?.pair_sum_max
+    }
+
     /// The fixed output qparams `(scale, zero point)` the target gives op `op_type` alone at
     /// `qtype`: the `scale_exact_match` of a single-op pattern's output (Sigmoid, Softmax, Tanh:
     /// outputs bounded by the op's definition). `None` when no such pattern fixes them.

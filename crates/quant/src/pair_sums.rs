@@ -74,6 +74,12 @@ pub fn reduction_pairs(node: &Node, shape: &[usize]) -> Option<Vec<[usize; 2]>> 
     Some(pairs)
 }
 
+/// Whether two paired integers (zero point 0) exceed `max`: of one sign, with `|a| + |b| > max`
+/// (with opposite signs their products partly cancel and the sum stays within one product).
+pub fn overflows(a: i64, b: i64, max: i64) -> bool {
+    a.signum() == b.signum() && a.abs() + b.abs() > max
+}
+
 /// A quantized weight being fitted: float values, the parameter each element uses, the integer
 /// range, the pairs ([`reduction_pairs`]) and their limit.
 pub struct PairedWeight<'a> {
@@ -101,7 +107,7 @@ impl PairedWeight<'_> {
     /// constraint come back unchanged.
     pub fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
         let (da, db) = (qa - pa.zero_point, qb - pb.zero_point);
-        if da.signum() != db.signum() || da.abs() + db.abs() <= self.max {
+        if !overflows(da, db, self.max) {
             return (qa, qb);
         }
         let sign = da.signum();
