@@ -139,19 +139,13 @@ impl PackedB {
         data.zeroed(panels * panel_bytes);
         let mut col_sums = vec![0i32; n];
         let shift = isa.b_shift(dtype);
-        let value = |raw: u8| -> i32 {
-            match dtype {
-                Int8::U8 => raw as i32,
-                Int8::I8 => raw as i8 as i32,
-            }
-        };
         let bytes = data.bytes_mut();
         for (j, col_sum) in col_sums.iter_mut().enumerate() {
             let (p, c) = (j / g.nr, j % g.nr);
             let base = p * panel_bytes + c * 4;
             let mut sum = 0i32;
             for kk in 0..k {
-                let stored = value(get(kk, j)) + shift;
+                let stored = stored_b(dtype, get(kk, j), shift);
                 sum = sum.wrapping_add(stored);
                 let at = base + (kk / g.kg) * g.nr * 4;
                 if g.wide {
@@ -206,6 +200,14 @@ impl PackedB {
     }
 }
 
+/// The stored value of a raw B byte of type `dtype`: the value plus the family's `shift`.
+fn stored_b(dtype: Int8, raw: u8, shift: i32) -> i32 {
+    match dtype {
+        Int8::U8 => raw as i32 + shift,
+        Int8::I8 => raw as i8 as i32 + shift,
+    }
+}
+
 /// Whether `vpmaddubsw` is exact for `B` (`get` as in [`PackedB::pack_with`]) against any
 /// stored u8 activations: in each column, the stored values (`i8`, u8 weights shifted by
 /// -128) of depths `2m` and `2m + 1`, which the instruction adds into one saturating 16-bit
@@ -213,10 +215,7 @@ impl PackedB {
 /// `255 · 128 = 32640` bounds the sum both ways.
 pub(crate) fn pairs_fit(dtype: Int8, k: usize, n: usize, get: &impl Fn(usize, usize) -> u8) -> bool {
     let shift = Isa::Avx2Pairs.b_shift(dtype);
-    let stored = |kk: usize, j: usize| match dtype {
-        Int8::U8 => get(kk, j) as i32 + shift,
-        Int8::I8 => get(kk, j) as i8 as i32 + shift,
-    };
+    let stored = |kk: usize, j: usize| stored_b(dtype, get(kk, j), shift);
     (0..n).all(|j| (0..k / 2).all(|m| {
         let (x, y) = (stored(2 * m, j), stored(2 * m + 1, j));
         x.max(0) + y.max(0) <= 128 && (-x).max(0) + (-y).max(0) <= 128
