@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use qforge_ir::Model;
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::html::{self, Subject};
-use qforge_quant::report::Report;
-use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions};
+use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions, SampleSource as _};
+use qforge_quant::report::{OutputCheck, Report};
 use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
 use qforge_quant::QType;
@@ -35,6 +35,8 @@ pub struct QuantizeArgs {
     pub max_output_error: Option<f64>,
     /// Accuracy budget: the lowest SQNR (dB) of any output.
     pub min_sqnr: Option<f64>,
+    /// Calibration samples the written model's outputs are compared with float on (0: none).
+    pub check_samples: usize,
     /// QDQ, or integer operators where a QDQ unit has one (`--format`).
     pub format: QuantFormat,
     /// Bias correction (`--bias-correction`).
@@ -325,6 +327,14 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     if args.format == QuantFormat::QOperator {
         lower(&mut quantized, &mut report).with_context(|| format!("cannot lower {} to integer operators", args.model.display()))?;
     }
+    if args.check_samples > 0 {
+        let started = std::time::Instant::now();
+        let (n, k) = (samples.len(), args.check_samples.min(samples.len()));
+        let picked: Vec<usize> = (0..k).map(|i| i * n / k).collect();
+        let outputs = qforge_quant::compare::compare_outputs(&model, &quantized, &samples, &picked, args.threads)
+            .with_context(|| format!("cannot check {} against the float model", args.output.display()))?;
+        report.output_check = Some(OutputCheck { samples: k, outputs, seconds: started.elapsed().as_secs_f64() });
+    }
     qforge_onnx::save(&quantized, &args.output).with_context(|| format!("cannot write {}", args.output.display()))?;
     if let Some(path) = &args.report {
         write_report(&args, path, &model, qdq.as_ref().unwrap_or(&quantized), &report, &samples)?;
@@ -346,11 +356,15 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             })),
             "calibration_seconds": report.calibration_seconds, "total_seconds": report.total_seconds,
             "lowering": report.lowering,
+            "output_check": report.output_check,
         }));
     } else {
         eprint!("{}", report.summary());
         if let Some(b) = &report.accuracy_budget {
             eprint!("{}", budget_summary(b));
+        }
+        if let Some(c) = &report.output_check {
+            eprint!("{}", c.summary());
         }
         eprintln!("wrote {}", args.output.display());
     }

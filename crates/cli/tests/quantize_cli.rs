@@ -376,3 +376,75 @@ fn quantizes_models_fused_into_com_microsoft_transformer_ops() {
         }
     }
 }
+
+/// Every run compares the written model's outputs with the float model's on 4 calibration
+/// samples spread over the set: on ocr_cls the SQNR it reports equals the one ONNX Runtime's
+/// outputs of both models give on those samples; a model whose quantized MatMul feeds a float
+/// `Log` (small outputs rounded to zero) is flagged with a warning naming the output; and
+/// `--check-samples 0` skips the check.
+#[test]
+fn the_written_model_is_checked_against_float_and_a_poor_output_is_a_warning() {
+    let m = cls();
+    let tmp = TempDir::new("qcli_check");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 6, |_, _| {});
+    let (out, report) = (tmp.path().join("q.onnx"), tmp.path().join("r.json"));
+    let o = quantize_with(&m, &calib, &out, &["--report", report.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let check = &r["output_check"];
+    assert_eq!(check["samples"], 4);
+    let reported = check["outputs"][0]["sqnr_db"].as_f64().unwrap();
+    // Samples 0, 1, 3 and 4 of 6 (i * 6 / 4), run by ONNX Runtime.
+    let (mut xx, mut ee) = (0f64, 0f64);
+    let g = qforge_onnx::load(&m.path).unwrap().graph;
+    for i in [0u64, 1, 3, 4] {
+        let inputs = make_inputs(&g, &m, 100 + i);
+        let (f, q) = (ort_run(&m.path, &inputs, 1), ort_run(&out, &inputs, 1));
+        for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(q[0].1.as_slice::<f32>().unwrap()) {
+            xx += (*a as f64).powi(2);
+            ee += (*a as f64 - *b as f64).powi(2);
+        }
+    }
+    let ort_db = 10.0 * (xx / ee).log10();
+    println!("ocr_cls check: qforge {reported:.3} dB, ONNX Runtime {ort_db:.3} dB");
+    assert!((reported - ort_db).abs() < 0.1, "qforge reports {reported} dB, ONNX Runtime's outputs give {ort_db} dB");
+    assert!(!stderr(&o).contains("is far from the float model's"), "{}", stderr(&o));
+
+    // y = Log(x W): half the columns of W are 1000x smaller, their outputs fall below half a
+    // step of the MatMul's 8-bit output and reach the Log as 0 (clipped to 1e-3).
+    let mut g = qforge_ir::Graph::new("log");
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[1, 16]))).unwrap();
+    let w: Vec<f32> = (0..16 * 8).map(|i| if i % 8 < 4 { 0.5 } else { 0.0005 }).collect();
+    let w = g.add_initializer("w", Tensor::from_vec(&[16, 8], w).unwrap()).unwrap();
+    let (lo, hi) = (g.add_initializer("lo", Tensor::scalar(1e-3f32)).unwrap(), g.add_initializer("hi", Tensor::scalar(1e6f32)).unwrap());
+    let (mm, clipped, y) = (g.new_value("mm", None).unwrap(), g.new_value("clipped", None).unwrap(), g.new_value("y", None).unwrap());
+    g.add_node(qforge_ir::Node::new("MatMul", "matmul").with_inputs([x, w]).with_outputs([mm])).unwrap();
+    g.add_node(qforge_ir::Node::new("Clip", "clip").with_inputs([mm, lo, hi]).with_outputs([clipped])).unwrap();
+    g.add_node(qforge_ir::Node::new("Log", "log").with_inputs([clipped]).with_outputs([y])).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    let model = qforge_ir::Model { ir_version: 8, opset_imports: vec![qforge_ir::OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
+    let path = tmp.path().join("log.onnx");
+    qforge_onnx::save(&model, &path).unwrap();
+    let data = tmp.path().join("log_calib");
+    for i in 0..8u64 {
+        let d = data.join(format!("{i:03}"));
+        std::fs::create_dir_all(&d).unwrap();
+        qforge_data::write_npy(&d.join("x.npy"), &Tensor::from_vec(&[1, 16], qforge_testkit::noise(i, 16, 0.5, 1.0)).unwrap()).unwrap();
+    }
+    let run = |extra: &[&str]| {
+        let out = tmp.path().join("log_q.onnx");
+        let mut args: Vec<&std::ffi::OsStr> = vec![path.as_os_str(), "-o".as_ref(), out.as_os_str(), "--calibration-data".as_ref(), data.as_os_str()];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        qforge(&args)
+    };
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning: output 'y' is far from the float model's"), "{}", stderr(&o));
+    let o = run(&["--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(j["output_check"]["outputs"][0]["sqnr_db"].as_f64().unwrap() < 15.0, "{j}");
+    let o = run(&["--json", "--check-samples", "0"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(j["output_check"].is_null(), "{j}");
+}

@@ -18,6 +18,9 @@ pub struct NodeAnnotation {
     pub group: Vec<NodeId>,
     /// The unit has a quantized weight (its integer kernel pays off on its own).
     pub weighted: bool,
+    /// The target can run the unit with a float output
+    /// ([`crate::backend::BackendPatternConfig::float_output`]).
+    pub float_output: bool,
 }
 
 impl NodeAnnotation {

@@ -167,6 +167,11 @@ pub struct BackendPatternConfig {
     /// Input indices of the anchor's inputs that are activations to observe; all non-weight,
     /// non-bias inputs when absent.
     pub activation_inputs: Option<Vec<usize>>,
+    /// The target runs the pattern with quantized inputs and a float output (ONNX Runtime's
+    /// QGemm without an output scale; TensorRT's int8 Conv and GEMM with a float output). Where no quantized input reads a weighted unit's output, the
+    /// output then stays float: its Q/DQ would only add error.
+    #[serde(default)]
+    pub float_output: bool,
 }
 
 /// A deployment target.

@@ -691,20 +691,51 @@ pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads
 
     let activations = pairs.into_iter().zip(sums.iter().zip(&unpaired)).filter(|(_, (s, u))| s.count + s.non_finite + **u > 0)
         .map(|(p, (s, &u))| TensorComparison { unpaired: u, metrics: s.metrics(), ..p.template }).collect();
-    let (main_f, main_q) = (all_f[0].1, all_q[0].1);
-    let outputs = output_pairs.iter().zip(output_sums.iter().zip(&output_unpaired)).map(|(&(fo, _), (s, &u))| {
-        let name = &float_outputs[fo];
-        TensorComparison {
-            graph: String::new(),
-            name: name.clone(),
-            op: main_f.value_by_name(name).map(|v| producer_op(main_f, v)).unwrap_or_default(),
-            compared_with: name.clone(),
-            fake_quantized: main_q.value_by_name(name).is_some_and(|v| produced_by(main_q, v, "DequantizeLinear")),
-            unpaired: u,
-            metrics: s.metrics(),
-        }
-    }).collect();
+    let outputs = output_pairs.iter().zip(output_sums.iter().zip(&output_unpaired)).map(|(&(fo, _), (s, &u))| output_comparison(all_f[0].1, all_q[0].1, &float_outputs[fo], s, u)).collect();
     Ok(Comparison { samples: samples.len(), activations, outputs, weights, unmatched, unmatched_weights })
+}
+
+/// The graph outputs of `quant` compared with those of `float` (the model it was quantized
+/// from, run as it is) on the samples `indices` of `samples`: the cheap check of a quantization
+/// run, without the per-value pairing of [`compare`]. Outputs are matched by name.
+pub fn compare_outputs(float: &Model, quant: &Model, samples: &dyn SampleSource, indices: &[usize], threads: usize) -> Result<Vec<TensorComparison>, CompareError> {
+    if indices.is_empty() {
+        return Err(CompareError::NoSamples);
+    }
+    let options = SessionOptions { threads };
+    let float_session = Session::with_options(float, options.clone()).map_err(|e| CompareError::Model { model: "float", reason: e.to_string() })?;
+    let quant_session = Session::with_options(quant, options).map_err(|e| CompareError::Model { model: "quantized", reason: e.to_string() })?;
+    let float_outputs: Vec<String> = float_session.output_names().iter().map(|s| s.to_string()).collect();
+    let quant_outputs: Vec<String> = quant_session.output_names().iter().map(|s| s.to_string()).collect();
+    let pairs: Vec<(usize, usize)> = float_outputs.iter().enumerate().filter_map(|(i, name)| quant_outputs.iter().position(|q| q == name).map(|k| (i, k))).collect();
+    let mut sums = vec![Sums::default(); pairs.len()];
+    let mut unpaired = vec![0u64; pairs.len()];
+    for &i in indices {
+        let sample_error = |reason: String| CompareError::Sample { sample: samples.name(i), reason };
+        let feed: Vec<(String, Value)> = samples.load(i).map_err(sample_error)?.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect();
+        let f = float_session.run_values(feed.clone()).map_err(|e| sample_error(format!("the float model failed: {e}")))?;
+        let q = quant_session.run_values(feed).map_err(|e| sample_error(format!("the quantized model failed: {e}")))?;
+        for (k, &(fo, qo)) in pairs.iter().enumerate() {
+            match Sums::of_values(&f[fo].1, &q[qo].1) {
+                Some(s) => sums[k] = sums[k].merge(s),
+                None => unpaired[k] += 1,
+            }
+        }
+    }
+    Ok(pairs.iter().zip(sums.iter().zip(&unpaired)).map(|(&(fo, _), (s, &u))| output_comparison(&float.graph, &quant.graph, &float_outputs[fo], s, u)).collect())
+}
+
+/// The comparison of graph output `name` of the main graphs `float` and `quant`.
+fn output_comparison(float: &Graph, quant: &Graph, name: &str, sums: &Sums, unpaired: u64) -> TensorComparison {
+    TensorComparison {
+        graph: String::new(),
+        name: name.to_string(),
+        op: float.value_by_name(name).map(|v| producer_op(float, v)).unwrap_or_default(),
+        compared_with: name.to_string(),
+        fake_quantized: quant.value_by_name(name).is_some_and(|v| produced_by(quant, v, "DequantizeLinear")),
+        unpaired,
+        metrics: sums.metrics(),
+    }
 }
 
 #[cfg(test)]

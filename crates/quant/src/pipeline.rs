@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
-use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, upcast_half, Upcast};
+use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, matmul_add_to_gemm, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
 use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
@@ -163,6 +163,8 @@ fn stage<E: std::fmt::Display>(stage: &'static str) -> impl Fn(E) -> QuantizeErr
 pub struct Fused {
     /// BatchNormalization and constant affine nodes folded into weights.
     pub affine_folded: usize,
+    /// MatMul + Add pairs rewritten as one Gemm ([`matmul_add_to_gemm`]).
+    pub matmul_add_fused: usize,
     /// Graph inputs with an initializer now treated as constants ([`constant_input_defaults`]).
     pub constant_inputs: Vec<String>,
     /// How a float16/bfloat16 model was made to compute in float32 ([`upcast_half`]).
@@ -171,7 +173,8 @@ pub struct Fused {
 
 /// The fusion passes, before annotation: `constant_input_defaults` and `upcast_half` (main
 /// graph, which also widens its subgraphs), `localize_captured_weights` (every subgraph, at any depth), then on every graph (main graph
-/// first) `fold_constants`, `fold_constant_scales` and `fold_affine`. Tools that compare a
+/// first) `fold_constants` and `fold_constant_scales`, then `matmul_add_to_gemm` (which reads the
+/// inferred ranks) and `fold_affine`. Tools that compare a
 /// quantized model with its float original apply the same passes to the float model, so folded
 /// tensors carry the same names.
 pub fn fuse(m: &mut Model) -> Result<Fused, String> {
@@ -188,14 +191,22 @@ pub fn fuse(m: &mut Model) -> Result<Fused, String> {
     }
     let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     let opsets = m.opset_imports.clone();
-    let mut folded = 0;
+    let (mut folded, mut gemms) = (0, 0);
     for p in &paths {
         let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
         fold_constants(g, &opsets, |_| false).map_err(|e| format!("fold_constants: {e}"))?;
         fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
+    }
+    qforge_ir::infer::infer_model(m);
+    for p in &paths {
+        let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
+        gemms += matmul_add_to_gemm(g).map_err(|e| format!("matmul_add_to_gemm: {e}"))?;
         folded += fold_affine(g).map_err(|e| format!("fold_affine: {e}"))?;
     }
-    Ok(Fused { affine_folded: folded, constant_inputs, upcast })
+    if gemms > 0 {
+        m.graph.check().map_err(|e| format!("matmul_add_to_gemm: {e}"))?;
+    }
+    Ok(Fused { affine_folded: folded, matmul_add_fused: gemms, constant_inputs, upcast })
 }
 
 /// Fuses a copy of `model` ([`fuse`]; a model already quantized is refused), annotates it
@@ -234,7 +245,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let violations = |annotated: &[Annotations]| -> Vec<ViolationRecord> {
         all.iter().zip(annotated).zip(&graph_names).flat_map(|(((_, g), a), gname)| quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v))).collect()
     };
-    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, constant_inputs: fused.constant_inputs, upcast: fused.upcast, violations: violations(&annotated), ..Default::default() };
+    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, matmul_add_fused: fused.matmul_add_fused, constant_inputs: fused.constant_inputs, upcast: fused.upcast, violations: violations(&annotated), ..Default::default() };
     if opts.strict && !report.violations.is_empty() {
         return Err(QuantizeError::Violations(report.violations));
     }

@@ -200,7 +200,7 @@ impl ConfigQuantizer {
         let root = matched[root_pos];
         let root_node = g.node(root).map_err(|e| e.to_string())?;
         let group: Vec<NodeId> = std::iter::once(root).chain(matched.iter().copied().filter(|&n| n != root)).collect();
-        let mut anns: Vec<NodeAnnotation> = matched.iter().map(|_| NodeAnnotation { group: group.clone(), ..Default::default() }).collect();
+        let mut anns: Vec<NodeAnnotation> = matched.iter().map(|_| NodeAnnotation { group: group.clone(), float_output: p.float_output, ..Default::default() }).collect();
         let internal = |v: ValueId| g.producer(v).is_some_and(|(n, _)| matched.contains(&n));
         let mut first_activation: Option<Edge> = None;
         for (pos, &n) in matched.iter().enumerate() {
@@ -384,6 +384,11 @@ fn float_producer_through_data_movement<'g>(g: &'g Graph, a: &Annotations, backe
 ///   them), e.g. the attention-mask Add in front of a float Softmax, whose range would span
 ///   the mask's huge negative values.
 ///
+/// A weighted unit whose quantized outputs have no quantized reader keeps its quantized
+/// inputs and loses its output Q/DQ when the target runs it with a float output
+/// ([`NodeAnnotation::float_output`]): a classifier's logits before a float Softmax or
+/// Sigmoid.
+///
 /// Applied forward (topological order) and backward until nothing changes, so chains of such
 /// units fall back together.
 fn drop_isolated_units(g: &Graph, order: &[NodeId], a: &mut Annotations) {
@@ -391,10 +396,19 @@ fn drop_isolated_units(g: &Graph, order: &[NodeId], a: &mut Annotations) {
         let mut changed = false;
         for &id in order.iter().chain(order.iter().rev()) {
             let Some(ann) = a.get(id) else { continue };
-            if ann.weighted || ann.group.first() != Some(&id) {
+            if ann.group.first() != Some(&id) {
                 continue;
             }
             let group = ann.group.clone();
+            if ann.weighted {
+                if ann.float_output && !outputs_read_quantized(g, a, &group) {
+                    for n in &group {
+                        a.nodes.get_mut(n).expect("annotated group").outputs.clear();
+                    }
+                    changed = true;
+                }
+                continue;
+            }
             let why = if !inputs_quantized(g, a, &group) {
                 "none of its inputs is quantized by its producer and it has no weight: Q/DQ here would only add error"
             } else if !outputs_read_quantized(g, a, &group) {

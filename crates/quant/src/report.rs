@@ -101,6 +101,8 @@ pub struct Report {
     pub samples: usize,
     /// BatchNormalization and constant Mul/Add/Sub/Div nodes folded into weights.
     pub affine_folded: usize,
+    /// MatMul + Add(bias) pairs rewritten as one Gemm.
+    pub matmul_add_fused: usize,
     /// Graph inputs with an initializer (every weight, in ONNX IR 3 models) quantized as
     /// constants; the output no longer lists them as inputs.
     pub constant_inputs: Vec<String>,
@@ -155,6 +157,38 @@ pub struct Report {
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
+    /// The quantized model's outputs against the float model's on a few calibration samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_check: Option<OutputCheck>,
+}
+
+/// The graph outputs of the quantized model compared with the float model's, both run by
+/// qforge's runtime on `samples` calibration samples spread over the set: the figure of how
+/// much a quantization run lost, given with every run.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputCheck {
+    pub samples: usize,
+    pub outputs: Vec<crate::compare::TensorComparison>,
+    /// Wall time of the check, outside the report's `total_seconds`.
+    pub seconds: f64,
+}
+
+impl OutputCheck {
+    /// Below this SQNR (a relative RMS error above 18 %) an output is called far from float.
+    pub const POOR_SQNR_DB: f64 = 15.0;
+
+    /// One line per output, and a warning for each output far from the float model's.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        for o in &self.outputs {
+            let m = &o.metrics;
+            let _ = writeln!(s, "check: output '{}' against float on {} calibration sample(s): SQNR {:.2} dB, cosine {:.5}, max |error| {:.4e} ({:.2} s)", o.name, self.samples, m.sqnr_db, m.cosine, m.max_abs_error, self.seconds);
+            if m.sqnr_db < Self::POOR_SQNR_DB {
+                let _ = writeln!(s, "warning: output '{}' is far from the float model's (SQNR {:.2} dB < {} dB): `qforge sensitivity` ranks what causes it; --min-sqnr DB returns the most sensitive groups to float until every output reaches DB", o.name, m.sqnr_db, Self::POOR_SQNR_DB);
+            }
+        }
+        s
+    }
 }
 
 /// An input of a node whose output shares its qparams, narrow against the output's range.
@@ -467,8 +501,9 @@ impl Report {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
         let _ = writeln!(s, "quantized {q} of {} nodes; {} activations with Q/DQ, {} constants stored quantized", self.nodes.len(), self.activations.len(), self.constants.len());
-        let _ = writeln!(s, "calibration: {} samples{} in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights",
-            self.samples, if self.widened.is_empty() { "" } else { " (twice: again with the widened activations below)" }, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.affine_folded);
+        let _ = writeln!(s, "calibration: {} samples{} in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights{}",
+            self.samples, if self.widened.is_empty() { "" } else { " (twice: again with the widened activations below)" }, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.affine_folded,
+            if self.matmul_add_fused > 0 { format!("; {} MatMul+Add pair(s) made Gemm", self.matmul_add_fused) } else { String::new() });
         let mut float: BTreeMap<(String, String), usize> = BTreeMap::new();
         for n in self.nodes.iter().filter(|n| !n.quantized) {
             *float.entry((n.op.clone(), n.reason.clone().unwrap_or_default())).or_default() += 1;

@@ -21,7 +21,8 @@
 //!
 //! The accuracy budget ([`quantize_within_budget`]) ranks the units this way, then returns them
 //! to float greedily, most sensitive first, re-measuring after each change and keeping a change
-//! only when it lowers the error, until the budget is met. Returning a unit to float removes its
+//! only when it lowers the error, until the budget is met; units a pass left quantized are tried
+//! again in up to [`BUDGET_PASSES`] passes while the budget is missed. Returning a unit to float removes its
 //! edges from the annotations, so convert inserts no Q/DQ for it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -640,26 +641,15 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         }
         Ok((budget.error)(&outputs))
     };
-    let mut off = vec![false; units.len()];
-    let error_all_quantized = measure(&off)?;
-    let mut error = error_all_quantized;
-    let mut decisions = vec![];
-    for entry in &analysis.ranking {
-        if error <= budget.max_error {
-            break;
-        }
-        let u = entry.unit.id;
-        off[u] = true;
-        let with_float = measure(&off)?;
-        let kept_float = with_float < error;
-        decisions.push(BudgetDecision { unit: entry.unit.clone(), error_before: error, error_with_unit_float: with_float, kept_float });
-        if kept_float {
-            error = with_float;
-        } else {
-            off[u] = false;
-        }
-        progress(BudgetProgress::Decision { step: decisions.len(), error });
-    }
+    let error_all_quantized = measure(&vec![false; units.len()])?;
+    let order: Vec<usize> = analysis.ranking.iter().map(|e| e.unit.id).collect();
+    let mut steps = 0;
+    let (off, error, trials) = return_to_float(&order, units.len(), error_all_quantized, budget.max_error, &mut |off| measure(off), &mut |error| {
+        steps += 1;
+        progress(BudgetProgress::Decision { step: steps, error });
+    })?;
+    let record = |u: usize| analysis.ranking.iter().find(|e| e.unit.id == u).expect("ranked unit").unit.clone();
+    let decisions: Vec<BudgetDecision> = trials.into_iter().map(|t| BudgetDecision { unit: record(t.unit), error_before: t.error_before, error_with_unit_float: t.error_with_unit_float, kept_float: t.kept_float }).collect();
     let float_ids: Vec<usize> = off.iter().enumerate().filter(|(_, &o)| o).map(|(u, _)| u).collect();
     keep_units_float(&mut c, &float_ids);
     let outcome = BudgetOutcome {
@@ -678,6 +668,59 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     report.accuracy_budget = Some(outcome);
     Ok((m, report))
 }
+
+/// One trial of [`return_to_float`]: unit `unit` switched to float, with the error before and
+/// with it, and whether it stayed float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BudgetTrial {
+    unit: usize,
+    error_before: f64,
+    error_with_unit_float: f64,
+    kept_float: bool,
+}
+
+/// The accuracy budget's greedy search over `units` units, starting from every unit quantized
+/// (error `error`): in `order`, switches each unit still quantized to float, keeps the switch
+/// when `measure` of the new set (`true`: float) is below the current error, and stops once the
+/// error is at most `max_error`; passes repeat over the units left quantized (at most
+/// [`BUDGET_PASSES`]) while the budget is missed and the last pass kept some unit float.
+/// `decided(error)` follows every trial. Returns the float set, the final error and the trials.
+fn return_to_float<E>(order: &[usize], units: usize, mut error: f64, max_error: f64, measure: &mut dyn FnMut(&[bool]) -> Result<f64, E>, decided: &mut dyn FnMut(f64)) -> Result<(Vec<bool>, f64, Vec<BudgetTrial>), E> {
+    let mut off = vec![false; units];
+    let mut trials = vec![];
+    for _ in 0..BUDGET_PASSES {
+        let mut kept_any = false;
+        for &u in order {
+            if error <= max_error {
+                break;
+            }
+            if off[u] {
+                continue;
+            }
+            off[u] = true;
+            let with_float = measure(&off)?;
+            let kept_float = with_float < error;
+            trials.push(BudgetTrial { unit: u, error_before: error, error_with_unit_float: with_float, kept_float });
+            if kept_float {
+                error = with_float;
+                kept_any = true;
+            } else {
+                off[u] = false;
+            }
+            decided(error);
+        }
+        if !kept_any || error <= max_error {
+            break;
+        }
+    }
+    Ok((off, error, trials))
+}
+
+/// Most passes of the accuracy budget over the units still quantized. A unit whose return to
+/// float did not lower the error may lower it once others are float (an input Q/DQ whose
+/// noise its consumers' own quantization partly masked), so a pass that still misses the
+/// budget and kept some unit float is followed by another.
+const BUDGET_PASSES: usize = 3;
 
 /// Returns the units `ids` (as [`UnitRecord::id`] numbers them) to float in `c`: their annotated
 /// edges are cleared, so convert emits no Q/DQ for them nor the biases derived from them, and
@@ -727,5 +770,44 @@ fn keep_unit_float(c: &mut Calibrated, units: &[Unit], u: usize) {
             n.kind = Some(FloatKind::AccuracyBudget);
             n.reason = Some(reason.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Errors of three units where unit 0's quantization noise partly cancels unit 1's: with
+    /// unit 1 quantized, returning unit 0 to float raises the error; once unit 1 is float, it
+    /// lowers it to 0.
+    fn masked(off: &[bool]) -> Result<f64, ()> {
+        Ok(match (off[0], off[1], off[2]) {
+            (false, false, false) => 0.50,
+            (true, false, _) => 0.60,
+            (false, true, false) => 0.30,
+            (false, true, true) => 0.20,
+            (true, true, true) => 0.0,
+            (true, true, false) => 0.10,
+            (false, false, true) => 0.45,
+        })
+    }
+
+    #[test]
+    fn a_unit_rejected_early_is_tried_again_once_others_are_float() {
+        let (off, error, trials) = return_to_float(&[0, 1, 2], 3, 0.5, 0.01, &mut masked, &mut |_| {}).unwrap();
+        assert_eq!((off, error), (vec![true, true, true], 0.0));
+        let kept: Vec<(usize, bool)> = trials.iter().map(|t| (t.unit, t.kept_float)).collect();
+        assert_eq!(kept, [(0, false), (1, true), (2, true), (0, true)]);
+        assert_eq!(trials[3].error_before, 0.20);
+    }
+
+    #[test]
+    fn the_search_stops_at_the_budget_and_after_a_pass_that_keeps_nothing() {
+        let (off, error, trials) = return_to_float(&[1, 2, 0], 3, 0.5, 0.25, &mut masked, &mut |_| {}).unwrap();
+        assert_eq!((off, error, trials.len()), (vec![false, true, true], 0.20, 2));
+        // Nothing lowers the error: one pass, every unit tried once.
+        let mut flat = |_: &[bool]| -> Result<f64, ()> { Ok(1.0) };
+        let (off, error, trials) = return_to_float(&[0, 1, 2], 3, 0.5, 0.0, &mut flat, &mut |_| {}).unwrap();
+        assert_eq!((off, error, trials.len()), (vec![false; 3], 0.5, 3));
     }
 }

@@ -36,9 +36,11 @@ fn model(op: &str, attrs: &[(&str, Attr)], x_shape: &[usize], w_shape: &[usize],
     Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() }
 }
 
-/// The `ort` backend, with or without its `pair_sum_max`.
+/// The `ort` backend, with or without its `pair_sum_max`; every output quantized (no
+/// `float_output`), so that differences are counted in output steps.
 fn ort_backend(pair_sums: bool) -> BackendConfig {
     let mut b = BackendConfig::load("ort").unwrap();
+    b.patterns.iter_mut().for_each(|p| p.float_output = false);
     let weight = b.dtype_configs.get_mut("weighted_int8").unwrap().weight.as_mut().unwrap();
     assert_eq!(weight.pair_sum_max, Some(128), "the ort backend declares ONNX Runtime's pair sums");
     if !pair_sums {

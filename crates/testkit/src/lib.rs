@@ -228,11 +228,14 @@ pub fn ort_run_qdq(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads
 
 /// [`ort_run`], with ONNX Runtime's graph optimizations (fusions) on or off.
 pub fn ort_run_with(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize, optimize: bool) -> Vec<(String, qforge_ir::Tensor)> {
+    let no_opt: &[std::ffi::OsString] = &["--no-opt".into()];
+    ort_run_args(model, inputs, threads, if optimize { &[] } else { no_opt })
+}
+
+fn ort_run_args(model: &Path, inputs: &[(String, qforge_ir::Tensor)], threads: usize, extra: &[std::ffi::OsString]) -> Vec<(String, qforge_ir::Tensor)> {
     let tmp = TempDir::new("ortrun");
     let mut args: Vec<std::ffi::OsString> = vec![model.into(), "-o".into(), tmp.path().join("out.npz").into(), "--threads".into(), threads.to_string().into()];
-    if !optimize {
-        args.push("--no-opt".into());
-    }
+    args.extend(extra.iter().cloned());
     for (i, (name, t)) in inputs.iter().enumerate() {
         let f = tmp.path().join(format!("in{i}.npy"));
         qforge_data::write_npy(&f, t).unwrap();
@@ -243,6 +246,16 @@ pub fn ort_run_with(model: &Path, inputs: &[(String, qforge_ir::Tensor)], thread
     let out = oracle("ort_run.py", &refs);
     assert!(out.status.success(), "ONNX Runtime failed on {}: {}", model.display(), String::from_utf8_lossy(&out.stderr));
     qforge_data::read_npz(&tmp.path().join("out.npz")).unwrap()
+}
+
+/// [`ort_run`] with ONNX Runtime's fusions on, also returning the op type of every node of the
+/// graph it runs after them (`QGemm`, `QLinearConv`, ... where QDQ groups became integer
+/// kernels).
+pub fn ort_run_fused_ops(model: &Path, inputs: &[(String, qforge_ir::Tensor)]) -> (Vec<(String, qforge_ir::Tensor)>, Vec<String>) {
+    let tmp = TempDir::new("ortops");
+    let ops = tmp.path().join("ops.txt");
+    let outputs = ort_run_args(model, inputs, 1, &["--ops".into(), ops.clone().into()]);
+    (outputs, std::fs::read_to_string(&ops).unwrap().lines().map(str::to_string).collect())
 }
 
 /// Largest absolute difference, and whether every element satisfies

@@ -1,7 +1,7 @@
 use qforge_ir::{Attr, DType, Graph, IrResult, Node, NodeId, Patch, Tensor, ValueId};
 
 /// Constant data of a value, as f32, when it is a constant float32 initializer.
-fn const_f32(g: &Graph, v: Option<ValueId>) -> Option<(Vec<f32>, Vec<usize>)> {
+pub(super) fn const_f32(g: &Graph, v: Option<ValueId>) -> Option<(Vec<f32>, Vec<usize>)> {
     let val = g.value(v?).ok()?;
     if !val.is_constant() {
         return None;
