@@ -103,7 +103,7 @@ enum Command {
         #[arg(long, value_name = "DB")]
         min_sqnr: Option<f64>,
         /// After quantizing, compare every output of the written model with the float model's
-        /// on N calibration samples spread over the set (SQNR, cosine; a warning below 15 dB);
+        /// on N calibration samples spread over the set (SQNR, cosine; a warning below 10 dB);
         /// 0 skips the check.
         #[arg(long, value_name = "N", default_value_t = 4)]
         check_samples: usize,

@@ -708,15 +708,25 @@ pub fn compare_outputs(float: &Model, quant: &Model, samples: &dyn SampleSource,
     let float_outputs: Vec<String> = float_session.output_names().iter().map(|s| s.to_string()).collect();
     let quant_outputs: Vec<String> = quant_session.output_names().iter().map(|s| s.to_string()).collect();
     let pairs: Vec<(usize, usize)> = float_outputs.iter().enumerate().filter_map(|(i, name)| quant_outputs.iter().position(|q| q == name).map(|k| (i, k))).collect();
-    let mut sums = vec![Sums::default(); pairs.len()];
-    let mut unpaired = vec![0u64; pairs.len()];
-    for &i in indices {
+    let run = |&i: &usize| -> Result<Vec<Option<Sums>>, CompareError> {
         let sample_error = |reason: String| CompareError::Sample { sample: samples.name(i), reason };
         let feed: Vec<(String, Value)> = samples.load(i).map_err(sample_error)?.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect();
         let f = float_session.run_values(feed.clone()).map_err(|e| sample_error(format!("the float model failed: {e}")))?;
         let q = quant_session.run_values(feed).map_err(|e| sample_error(format!("the quantized model failed: {e}")))?;
-        for (k, &(fo, qo)) in pairs.iter().enumerate() {
-            match Sums::of_values(&f[fo].1, &q[qo].1) {
+        Ok(pairs.iter().map(|&(fo, qo)| Sums::of_values(&f[fo].1, &q[qo].1)).collect())
+    };
+    // Samples run in parallel unless `threads` is 1 (a model with sequential parts, a decoder
+    // Loop, keeps both cores busy that way); sums merge in sample order.
+    let per_sample: Vec<Vec<Option<Sums>>> = if threads == 1 {
+        indices.iter().map(run).collect::<Result<_, _>>()?
+    } else {
+        indices.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
+    };
+    let mut sums = vec![Sums::default(); pairs.len()];
+    let mut unpaired = vec![0u64; pairs.len()];
+    for sample in per_sample {
+        for (k, s) in sample.into_iter().enumerate() {
+            match s {
                 Some(s) => sums[k] = sums[k].merge(s),
                 None => unpaired[k] += 1,
             }

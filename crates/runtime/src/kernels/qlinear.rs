@@ -929,14 +929,19 @@ thread_local! {
     static IMAGE_OUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on this thread's buffer `which`, at least `len` bytes long (contents unspecified).
+/// Runs `f` on this thread's buffer `which`, `len` bytes long (contents unspecified). While
+/// `f` waits for the parallel work it split off, the thread may run a job of another session
+/// run (rayon's work stealing: two samples in flight from a `par_iter`), whose convolution
+/// finds the buffer taken; that one runs on a fresh buffer.
 fn with_buffer<R>(which: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    which.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < len {
-            b.resize(len, 0);
+    which.with(|b| match b.try_borrow_mut() {
+        Ok(mut b) => {
+            if b.len() < len {
+                b.resize(len, 0);
+            }
+            f(&mut b[..len])
         }
-        f(&mut b[..len])
+        Err(_) => f(&mut vec![0u8; len]),
     })
 }
 
@@ -1433,6 +1438,20 @@ impl DepthwiseRows<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_taken_on_this_thread_gives_a_nested_run_its_own() {
+        let sums = with_buffer(&IMAGE, 8, |outer| {
+            outer.fill(1);
+            let inner = with_buffer(&IMAGE, 16, |inner| {
+                inner.fill(2);
+                inner.iter().map(|&b| b as u32).sum::<u32>()
+            });
+            (outer.iter().map(|&b| b as u32).sum::<u32>(), inner)
+        });
+        assert_eq!(sums, (8, 32), "the nested run must not share the outer buffer");
+        assert_eq!(with_buffer(&IMAGE, 4, |b| b.len()), 4);
+    }
 
     #[test]
     fn byte_transpose_matches_the_definition() {
