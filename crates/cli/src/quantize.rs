@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use qforge_ir::Model;
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::html::{self, Subject};
-use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions, SampleSource as _};
-use qforge_quant::report::{OutputCheck, Report};
+use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions};
+use qforge_quant::report::Report;
 use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
 use qforge_quant::QType;
@@ -307,7 +307,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     if let Some(n) = args.calibration_samples {
         samples = samples.spread(n)?;
     }
-    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding };
+    let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding, check_samples: args.check_samples };
     let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {
             let mut analysis = unit_progress(args.json);
@@ -326,14 +326,6 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let qdq = (args.format == QuantFormat::QOperator && args.report.as_ref().is_some_and(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("html")))).then(|| quantized.clone());
     if args.format == QuantFormat::QOperator {
         lower(&mut quantized, &mut report).with_context(|| format!("cannot lower {} to integer operators", args.model.display()))?;
-    }
-    if args.check_samples > 0 {
-        let started = std::time::Instant::now();
-        let (n, k) = (samples.len(), args.check_samples.min(samples.len()));
-        let picked: Vec<usize> = (0..k).map(|i| i * n / k).collect();
-        let outputs = qforge_quant::compare::compare_outputs(&model, &quantized, &samples, &picked, args.threads)
-            .with_context(|| format!("cannot check {} against the float model", args.output.display()))?;
-        report.output_check = Some(OutputCheck { samples: k, outputs, seconds: started.elapsed().as_secs_f64() });
     }
     qforge_onnx::save(&quantized, &args.output).with_context(|| format!("cannot write {}", args.output.display()))?;
     if let Some(path) = &args.report {

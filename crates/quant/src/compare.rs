@@ -695,32 +695,33 @@ pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads
     Ok(Comparison { samples: samples.len(), activations, outputs, weights, unmatched, unmatched_weights })
 }
 
-/// The graph outputs of `quant` compared with those of `float` (the model it was quantized
-/// from, run as it is) on the samples `indices` of `samples`: the cheap check of a quantization
-/// run, without the per-value pairing of [`compare`]. Outputs are matched by name.
-pub fn compare_outputs(float: &Model, quant: &Model, samples: &dyn SampleSource, indices: &[usize], threads: usize) -> Result<Vec<TensorComparison>, CompareError> {
-    if indices.is_empty() {
-        return Err(CompareError::NoSamples);
-    }
-    let options = SessionOptions { threads };
-    let float_session = Session::with_options(float, options.clone()).map_err(|e| CompareError::Model { model: "float", reason: e.to_string() })?;
-    let quant_session = Session::with_options(quant, options).map_err(|e| CompareError::Model { model: "quantized", reason: e.to_string() })?;
-    let float_outputs: Vec<String> = float_session.output_names().iter().map(|s| s.to_string()).collect();
-    let quant_outputs: Vec<String> = quant_session.output_names().iter().map(|s| s.to_string()).collect();
-    let pairs: Vec<(usize, usize)> = float_outputs.iter().enumerate().filter_map(|(i, name)| quant_outputs.iter().position(|q| q == name).map(|k| (i, k))).collect();
-    let run = |&i: &usize| -> Result<Vec<Option<Sums>>, CompareError> {
-        let sample_error = |reason: String| CompareError::Sample { sample: samples.name(i), reason };
-        let feed: Vec<(String, Value)> = samples.load(i).map_err(sample_error)?.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect();
-        let f = float_session.run_values(feed.clone()).map_err(|e| sample_error(format!("the float model failed: {e}")))?;
-        let q = quant_session.run_values(feed).map_err(|e| sample_error(format!("the quantized model failed: {e}")))?;
-        Ok(pairs.iter().map(|&(fo, qo)| Sums::of_values(&f[fo].1, &q[qo].1)).collect())
+/// A calibration sample kept for the output check ([`check_outputs`]): its feed and the float
+/// model's outputs on it, recorded during calibration.
+#[derive(Debug, Clone)]
+pub struct CheckSample {
+    pub name: String,
+    pub feed: Vec<(String, Tensor)>,
+    pub float: Vec<(String, Value)>,
+}
+
+/// The graph outputs of `quant` compared with the float outputs kept in `samples` (matched by
+/// name), running `quant` on each sample's feed: the cheap check of a quantization run,
+/// without the per-value pairing of [`compare`]. Samples run in parallel unless `threads` is
+/// 1; their sums merge in sample order.
+pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize) -> Result<Vec<TensorComparison>, CompareError> {
+    let Some(first) = samples.first() else { return Err(CompareError::NoSamples) };
+    let session = Session::with_options(quant, SessionOptions { threads }).map_err(|e| CompareError::Model { model: "quantized", reason: e.to_string() })?;
+    let names: Vec<String> = session.output_names().iter().map(|s| s.to_string()).collect();
+    let pairs: Vec<(usize, usize)> = first.float.iter().enumerate().filter_map(|(i, (name, _))| names.iter().position(|q| q == name).map(|k| (i, k))).collect();
+    let run = |s: &CheckSample| -> Result<Vec<Option<Sums>>, CompareError> {
+        let feed: Vec<(String, Value)> = s.feed.iter().map(|(n, t)| (n.clone(), Value::Tensor(t.clone()))).collect();
+        let q = session.run_values(feed).map_err(|e| CompareError::Sample { sample: s.name.clone(), reason: format!("the quantized model failed: {e}") })?;
+        Ok(pairs.iter().map(|&(fo, qo)| Sums::of_values(&s.float[fo].1, &q[qo].1)).collect())
     };
-    // Samples run in parallel unless `threads` is 1 (a model with sequential parts, a decoder
-    // Loop, keeps both cores busy that way); sums merge in sample order.
     let per_sample: Vec<Vec<Option<Sums>>> = if threads == 1 {
-        indices.iter().map(run).collect::<Result<_, _>>()?
+        samples.iter().map(run).collect::<Result<_, _>>()?
     } else {
-        indices.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
+        samples.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
     };
     let mut sums = vec![Sums::default(); pairs.len()];
     let mut unpaired = vec![0u64; pairs.len()];
@@ -732,7 +733,18 @@ pub fn compare_outputs(float: &Model, quant: &Model, samples: &dyn SampleSource,
             }
         }
     }
-    Ok(pairs.iter().zip(sums.iter().zip(&unpaired)).map(|(&(fo, _), (s, &u))| output_comparison(&float.graph, &quant.graph, &float_outputs[fo], s, u)).collect())
+    let g = &quant.graph;
+    // The op computing an output: its producer, or for a fake-quantized output the producer of
+    // what its QuantizeLinear reads.
+    let op = |name: &str| -> String {
+        let Some(v) = g.value_by_name(name) else { return String::new() };
+        let through = |v: ValueId, op: &str| g.producer(v).and_then(|(n, _)| g.node(n).ok()).filter(|n| n.op_type == op).and_then(|n| n.input(0));
+        producer_op(g, through(v, "DequantizeLinear").and_then(|q| through(q, "QuantizeLinear")).unwrap_or(v))
+    };
+    Ok(pairs.iter().zip(sums.iter().zip(&unpaired)).map(|(&(fo, _), (s, &u))| {
+        let name = &first.float[fo].0;
+        TensorComparison { op: op(name), ..output_comparison(g, g, name, s, u) }
+    }).collect())
 }
 
 /// The comparison of graph output `name` of the main graphs `float` and `quant`.

@@ -15,7 +15,8 @@ use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstr
 use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, matmul_add_to_gemm, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
-use crate::report::{NodeRecord, Report, ViolationRecord, WidenedRecord};
+use crate::compare::{check_outputs, CheckSample};
+use crate::report::{NodeRecord, OutputCheck, Report, ViolationRecord, WidenedRecord};
 use crate::spec::Edge;
 use crate::weight_rounding::{InputGrams, WeightRounding};
 
@@ -135,6 +136,9 @@ pub struct QuantizeOptions {
     pub weight_search: bool,
     /// How weights are rounded to their grid ([`crate::weight_rounding`]).
     pub weight_rounding: WeightRounding,
+    /// Calibration samples, spread over the set, whose float outputs calibration keeps and on
+    /// which convert runs the quantized model (`Report::output_check`); 0: no check.
+    pub check_samples: usize,
 }
 
 /// Errors of the pipeline, each naming the stage and what it concerns.
@@ -252,16 +256,17 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     // Prepare and calibrate; again with wider activations where a Concat's input is narrow.
     let session = Session::with_options(&m, SessionOptions { threads: opts.threads }).map_err(stage("calibration session"))?;
     let calib_started = Instant::now();
-    let mut calibrate_plan = |annotated: &[Annotations]| -> Result<(QuantPlan, InputStats), QuantizeError> {
+    let checked = spread(samples.len(), opts.check_samples);
+    let mut calibrate_plan = |annotated: &[Annotations]| -> Result<(QuantPlan, InputStats, Vec<CheckSample>), QuantizeError> {
         let mut plan = QuantPlan::new(&m.graph, annotated.to_vec(), m.opset("").unwrap_or(1));
         let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
-        calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, progress)?;
+        let kept = calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, &checked, progress)?;
         plan.settle_floors(&m.graph);
-        Ok((plan, stats))
+        Ok((plan, stats, kept))
     };
-    let (mut plan, mut stats) = calibrate_plan(&annotated)?;
+    let (mut plan, mut stats, mut check) = calibrate_plan(&annotated)?;
     if let Some((wider, records)) = widen_narrow_concats(&all, &graph_names, &plan, quantizer) {
-        (plan, stats) = calibrate_plan(&wider)?;
+        (plan, stats, check) = calibrate_plan(&wider)?;
         annotated = wider;
         report.widened = records;
         report.violations = violations(&annotated);
@@ -282,7 +287,13 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
         }
     }
     let convert = ConvertOptions { contrib: opts.max_opset.is_some_and(|v| v < 21), weight_search: opts.weight_search, typed_outputs: quantizer.typed_outputs() };
-    Ok(Calibrated { model: m, plan, stats, report, graph_names, started, max_opset: opts.max_opset, convert })
+    Ok(Calibrated { model: m, plan, stats, report, graph_names, started, max_opset: opts.max_opset, convert, check, threads: opts.threads })
+}
+
+/// `k` sample indices spread evenly over `n` samples (`⌊i·n/k⌋`), all of them when `k >= n`.
+fn spread(n: usize, k: usize) -> Vec<usize> {
+    let k = k.min(n);
+    (0..k).map(|i| i * n / k).collect()
 }
 
 /// Annotations that give wider activations to the Concats whose inputs the calibrated `plan`
@@ -367,22 +378,34 @@ const CALIBRATION_WORKERS: usize = 2;
 /// worker calibrates its own copy of the plan on the samples it takes, and the copies are
 /// merged in worker order; merges are exact, so the result equals one sequential pass. The
 /// error reported is that of the first failing sample.
-/// `stats` collects the input statistics of weight quantization in the same runs.
-fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, threads: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<(), QuantizeError> {
+/// `stats` collects the input statistics of weight quantization in the same runs. Returns the
+/// samples `keep` names with the float outputs of their runs, in sample order.
+fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, threads: usize, keep: &[usize], progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<CheckSample>, QuantizeError> {
     let n = samples.len();
     let workers = if plan.mergeable() && threads != 1 { CALIBRATION_WORKERS.min(n) } else { 1 };
+    let kept: std::sync::Mutex<Vec<(usize, CheckSample)>> = std::sync::Mutex::new(vec![]);
     let run_one = |plan: &mut QuantPlan, stats: &mut InputStats, i: usize| -> Result<(), QuantizeError> {
         let feed = samples.load(i).map_err(|reason| QuantizeError::Sample { sample: samples.name(i), reason })?;
         let mut hooks = WithInputStats { inner: plan.calibrator(), stats };
+        let kept_feed = keep.contains(&i).then(|| feed.clone());
         let feed = feed.into_iter().map(|(name, t)| (name, Value::Tensor(t))).collect();
-        session.run_values_with_hooks(feed, &mut hooks).map(drop).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })
+        let float = session.run_values_with_hooks(feed, &mut hooks).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })?;
+        if let Some(feed) = kept_feed {
+            kept.lock().expect("no worker panics holding it").push((i, CheckSample { name: samples.name(i), feed, float }));
+        }
+        Ok(())
+    };
+    let kept_in_order = |kept: std::sync::Mutex<Vec<(usize, CheckSample)>>| {
+        let mut kept = kept.into_inner().expect("no worker panics holding it");
+        kept.sort_by_key(|(i, _)| *i);
+        kept.into_iter().map(|(_, s)| s).collect()
     };
     if workers <= 1 {
         for i in 0..n {
             run_one(plan, stats, i)?;
             progress(i + 1, n);
         }
-        return Ok(());
+        return Ok(kept_in_order(kept));
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (finished, finished_rx) = std::sync::mpsc::channel::<()>();
@@ -419,7 +442,7 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputS
         plan.merge_observations(local).map_err(stage("calibrate"))?;
         stats.merge(local_stats);
     }
-    Ok(())
+    Ok(kept_in_order(kept))
 }
 
 /// The input statistics that weight quantization asked for, collected during calibration.
@@ -490,6 +513,9 @@ pub struct Calibrated {
     started: Instant,
     max_opset: Option<i64>,
     convert: ConvertOptions,
+    /// The samples of the output check, with the float model's outputs.
+    check: Vec<CheckSample>,
+    threads: usize,
 }
 
 /// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`:
@@ -509,7 +535,7 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
 /// [`convert`], also returning what convert did in each graph of the plan
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
-    let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, convert } = c;
+    let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, convert, check, threads } = c;
     // Range searches (entropy, MSE, ...) are independent per group.
     let params: Vec<_> = plan.groups.par_iter().map(group_qparams).collect();
     let opset_before = m.opset("").unwrap_or(1);
@@ -538,6 +564,11 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     report.weight_range_search = convert.weight_search;
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
     report.total_seconds = started.elapsed().as_secs_f64();
+    if !check.is_empty() {
+        let check_started = Instant::now();
+        let outputs = check_outputs(&m, &check, threads).map_err(stage("output check"))?;
+        report.output_check = Some(OutputCheck { samples: check.len(), outputs, seconds: check_started.elapsed().as_secs_f64() });
+    }
     Ok((m, report, logs))
 }
 

@@ -157,14 +157,15 @@ pub struct Report {
     /// What lowering to integer operators did (`--format qoperator`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lowering: Option<LoweringRecord>,
-    /// The quantized model's outputs against the float model's on a few calibration samples.
+    /// The quantized model's outputs against the float model's on a few calibration samples
+    /// ([`crate::pipeline::QuantizeOptions::check_samples`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_check: Option<OutputCheck>,
 }
 
-/// The graph outputs of the quantized model compared with the float model's, both run by
-/// qforge's runtime on `samples` calibration samples spread over the set: the figure of how
-/// much a quantization run lost, given with every run.
+/// The graph outputs of the quantized model, run by qforge's runtime, compared with the float
+/// model's that calibration computed, on `samples` calibration samples spread over the set:
+/// the figure of how much a quantization run lost, given with every run.
 #[derive(Debug, Clone, Serialize)]
 pub struct OutputCheck {
     pub samples: usize,
