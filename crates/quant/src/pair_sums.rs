@@ -25,7 +25,6 @@
 
 use qforge_ir::Node;
 
-use crate::qparams::quantize;
 use crate::QParams;
 
 /// The pairs of weight elements (flat indices into a weight of `shape`, read as input 1 of
@@ -96,23 +95,23 @@ pub struct PairedWeight<'a> {
 const SCALE_STEPS: usize = 16;
 
 impl PairedWeight<'_> {
-    /// The integer of element `e` under `p`, before any projection.
-    fn nearest(&self, e: usize, p: QParams) -> i64 {
-        quantize(self.data[e], p, self.range.0, self.range.1)
-    }
-
     /// The integers `(a, b)` of a pair whose same-sign sum exceeds [`Self::max`] moved onto the
     /// constraint: both magnitudes lowered by the same real amount (the least-squares point of
     /// `|a| + |b| = max`), then rounded so that they sum to `max` exactly. Pairs within the
     /// constraint come back unchanged.
     pub fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
+        self.fit_values([self.data[a], self.data[b]], qa, qb, pa, pb)
+    }
+
+    /// [`Self::fit`] of a pair given by its float values `[x, y]`.
+    fn fit_values(&self, [x, y]: [f32; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
         let (da, db) = (qa - pa.zero_point, qb - pb.zero_point);
         if !overflows(da, db, self.max) {
             return (qa, qb);
         }
         let sign = da.signum();
-        let target = |e: usize, p: QParams| (sign as f64 * self.data[e] as f64 / p.scale as f64).max(0.0);
-        let (ta, tb) = (target(a, pa), target(b, pb));
+        let target = |x: f32, p: QParams| (sign as f64 * x as f64 / p.scale as f64).max(0.0);
+        let (ta, tb) = (target(x, pa), target(y, pb));
         let excess = (ta + tb - self.max as f64) / 2.0;
         let limit = if sign > 0 { self.range.1 - pa.zero_point } else { pa.zero_point - self.range.0 };
         let ma = ((ta - excess).round().max(0.0) as i64).min(self.max).min(limit);
@@ -128,7 +127,7 @@ impl PairedWeight<'_> {
     /// Parameters with no pair over the constraint keep factor 1.
     pub fn pair_scales(&self, params: &[QParams]) -> Vec<f32> {
         use rayon::prelude::*;
-        let mut members: Vec<(Vec<[usize; 2]>, f64, Vec<usize>)> = vec![(vec![], 0.0, vec![]); params.len()];
+        let mut members: Vec<Members> = (0..params.len()).map(|_| Members::default()).collect();
         let mut paired = vec![false; self.data.len()];
         for &[a, b] in self.pairs {
             (paired[a], paired[b]) = (true, true);
@@ -136,36 +135,46 @@ impl PairedWeight<'_> {
             if (self.param_of)(b) != p {
                 continue;
             }
-            let (x, y) = (self.data[a] as f64, self.data[b] as f64);
-            if x * y > 0.0 {
-                let m = &mut members[p];
-                m.1 = m.1.max((x.abs() + y.abs()) / params[p].scale as f64);
+            let (x, y) = (self.data[a], self.data[b]);
+            let m = &mut members[p];
+            if x as f64 * y as f64 > 0.0 {
+                m.largest = m.largest.max((x.abs() as f64 + y.abs() as f64) / params[p].scale as f64);
             }
-            members[p].0.push([a, b]);
+            m.pairs += 1;
+            m.values.extend([x, y]);
         }
         for (e, _) in paired.iter().enumerate().filter(|(_, &x)| !x) {
-            members[(self.param_of)(e)].2.push(e);
+            members[(self.param_of)(e)].singles.push(self.data[e]);
         }
-        members.par_iter().zip(params.par_iter()).map(|((pairs, largest, singles), &p)| {
-            let over = pairs.iter().any(|&[a, b]| {
-                let (qa, qb) = (self.nearest(a, p), self.nearest(b, p));
-                self.fit([a, b], qa, qb, p, p) != (qa, qb)
-            });
+        members.par_iter_mut().zip(params.par_iter()).map(|(m, &p)| {
+            m.values.append(&mut m.singles);
+            let mut rounded = vec![0f32; m.values.len()];
+            let mut error = |f: f64| -> (f64, bool) {
+                let q = QParams { scale: (p.scale as f64 * f) as f32, zero_point: p.zero_point };
+                let mut total = rounding_error(&m.values, q.scale, (self.range.0 - q.zero_point) as f32, (self.range.1 - q.zero_point) as f32, &mut rounded);
+                let mut over = false;
+                let limit = self.max as f32;
+                for (j, r) in rounded[..2 * m.pairs].chunks_exact(2).enumerate() {
+                    let (ra, rb) = (r[0], r[1]);
+                    if !(ra * rb > 0.0 && (ra + rb).abs() > limit) {
+                        continue;
+                    }
+                    over = true;
+                    let (da, db) = (ra as i64, rb as i64);
+                    let (x, y) = (m.values[2 * j], m.values[2 * j + 1]);
+                    let (qa, qb) = self.fit_values([x, y], da + q.zero_point, db + q.zero_point, q, q);
+                    let e = |x: f32, v: i64| (x as f64 - q.scale as f64 * (v - q.zero_point) as f64).powi(2);
+                    total += e(x, qa) + e(y, qb) - e(x, da + q.zero_point) - e(y, db + q.zero_point);
+                }
+                (total, over)
+            };
+            let (first, over) = error(1.0);
             if !over || p.scale <= 0.0 {
                 return 1.0;
             }
-            let top = (largest / self.max as f64).max(1.0);
-            let error = |f: f64| {
-                let q = QParams { scale: (p.scale as f64 * f) as f32, zero_point: p.zero_point };
-                let e = |i: usize, v: i64| (self.data[i] as f64 - q.scale as f64 * (v - q.zero_point) as f64).powi(2);
-                let in_pairs: f64 = pairs.iter().map(|&[a, b]| {
-                    let (qa, qb) = self.fit([a, b], self.nearest(a, q), self.nearest(b, q), q, q);
-                    e(a, qa) + e(b, qb)
-                }).sum();
-                in_pairs + singles.iter().map(|&i| e(i, self.nearest(i, q))).sum::<f64>()
-            };
+            let top = (m.largest / self.max as f64).max(1.0);
             let factors: Vec<f64> = (0..=SCALE_STEPS).map(|k| 1.0 + (top - 1.0) * k as f64 / SCALE_STEPS as f64).collect();
-            let errors: Vec<f64> = factors.iter().map(|&f| error(f)).collect();
+            let errors: Vec<f64> = std::iter::once(first).chain(factors[1..].iter().map(|&f| error(f).0)).collect();
             let best = (0..factors.len()).fold(0, |b, k| if errors[k] < errors[b] { k } else { b });
             factors[best] as f32
         }).collect()
@@ -187,9 +196,76 @@ impl PairedWeight<'_> {
     }
 }
 
+/// One parameter's elements as [`PairedWeight::pair_scales`] searches them: its pairs' values
+/// first (`[x, y]` after each other), then the values paired with no other element of it.
+#[derive(Default)]
+struct Members {
+    values: Vec<f32>,
+    pairs: usize,
+    singles: Vec<f32>,
+    /// The largest `(|x| + |y|) / scale` of a same-sign pair.
+    largest: f64,
+}
+
+/// The summed squared error of rounding each of `xs` to the grid of spacing `scale`, integers
+/// (relative to the zero point) clamped to `[lo, hi]`; the integers go to `rounded`. The same
+/// integers as [`crate::qparams::quantize`]: `x / scale` rounded half to even, then clamped. Summed lane-wise in
+/// a fixed order, so the result is the same with or without AVX2.
+fn rounding_error(xs: &[f32], scale: f32, lo: f32, hi: f32, rounded: &mut [f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn rounding_error_avx2(xs: &[f32], scale: f32, lo: f32, hi: f32, rounded: &mut [f32]) -> f64 {
+            rounding_error_lanes(xs, scale, lo, hi, rounded)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { rounding_error_avx2(xs, scale, lo, hi, rounded) };
+        }
+    }
+    rounding_error_lanes(xs, scale, lo, hi, rounded)
+}
+
+/// [`rounding_error`]'s body, written lane-wise so it vectorizes for whatever SIMD width the
+/// caller is compiled for.
+#[inline(always)]
+fn rounding_error_lanes(xs: &[f32], scale: f32, lo: f32, hi: f32, rounded: &mut [f32]) -> f64 {
+    const LANES: usize = 8;
+    // Adding and subtracting 1.5 * 2^23 rounds half to even below 2^22 in magnitude, which the
+    // clamp to one step outside [lo, hi] ensures without changing the clamped result. The
+    // comparisons are written out so that they compile to min/max instructions.
+    const SHIFT: f32 = 12_582_912.0;
+    let (below, above) = (lo - 1.0, hi + 1.0);
+    let round = |x: f32| {
+        let t = x / scale;
+        let t = if t > below { t } else { below };
+        let t = if t < above { t } else { above };
+        let r = (t + SHIFT) - SHIFT;
+        let r = if r > lo { r } else { lo };
+        if r < hi { r } else { hi }
+    };
+    let wide = scale as f64;
+    let mut sums = [0f64; LANES];
+    let whole = xs.len() / LANES * LANES;
+    for (x, r) in xs[..whole].chunks_exact(LANES).zip(rounded[..whole].chunks_exact_mut(LANES)) {
+        for k in 0..LANES {
+            r[k] = round(x[k]);
+            let d = x[k] as f64 - wide * r[k] as f64;
+            sums[k] += d * d;
+        }
+    }
+    for (k, (&x, r)) in xs[whole..].iter().zip(&mut rounded[whole..]).enumerate() {
+        *r = round(x);
+        let d = x as f64 - wide * *r as f64;
+        sums[k] += d * d;
+    }
+    sums.iter().sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::qparams::quantize;
 
     fn conv(group: i64) -> Node {
         Node::new("Conv", "c").with_attr("group", qforge_ir::Attr::Int(group))
@@ -260,5 +336,62 @@ mod tests {
         assert_eq!(q[16..18], [127, 5]);
         assert_eq!(w.project_pairs(&mut q, &params), 6, "four pairs of channel 0, one of channels 1 and 2");
         assert_eq!(q[16..18], [125, 3]);
+    }
+
+    /// [`PairedWeight::pair_scales`] as its contract states it, element by element.
+    fn pair_scales_by_definition(w: &PairedWeight, params: &[QParams]) -> Vec<f32> {
+        (0..params.len()).map(|p| {
+            let pairs: Vec<[usize; 2]> = w.pairs.iter().copied().filter(|&[a, b]| (w.param_of)(a) == p && (w.param_of)(b) == p).collect();
+            let paired: std::collections::HashSet<usize> = w.pairs.iter().flatten().copied().collect();
+            let singles: Vec<usize> = (0..w.data.len()).filter(|&e| (w.param_of)(e) == p && !paired.contains(&e)).collect();
+            let error = |scale: f32| {
+                let q = QParams { scale, zero_point: params[p].zero_point };
+                let near = |e: usize| quantize(w.data[e], q, w.range.0, w.range.1);
+                let err = |e: usize, v: i64| (w.data[e] as f64 - scale as f64 * (v - q.zero_point) as f64).powi(2);
+                let mut over = false;
+                let mut total = singles.iter().map(|&e| err(e, near(e))).sum::<f64>();
+                for &[a, b] in &pairs {
+                    let fitted = w.fit([a, b], near(a), near(b), q, q);
+                    over |= fitted != (near(a), near(b));
+                    total += err(a, fitted.0) + err(b, fitted.1);
+                }
+                (total, over)
+            };
+            if !error(params[p].scale).1 {
+                return 1.0;
+            }
+            let largest = pairs.iter().map(|&[a, b]| (w.data[a] as f64, w.data[b] as f64)).filter(|(x, y)| x * y > 0.0).map(|(x, y)| (x.abs() + y.abs()) / params[p].scale as f64).fold(0.0, f64::max);
+            let top = (largest / w.max as f64).max(1.0);
+            let factors: Vec<f64> = (0..=SCALE_STEPS).map(|k| 1.0 + (top - 1.0) * k as f64 / SCALE_STEPS as f64).collect();
+            let errors: Vec<f64> = factors.iter().map(|&f| error((params[p].scale as f64 * f) as f32).0).collect();
+            factors[(0..factors.len()).fold(0, |b, k| if errors[k] < errors[b] { k } else { b })] as f32
+        }).collect()
+    }
+
+    #[test]
+    fn the_search_finds_the_factors_its_definition_gives() {
+        // Per-channel Conv weights [16, 6, 3, 3] with heavy-tailed values (many pairs over the
+        // limit), a channel of zeros, and one odd-sized reduction so that singles exist.
+        let mut seed = 0x2545f4914f6cdd1du64;
+        let mut uniform = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let (m, k) = (16, 6 * 9 + 1);
+        let mut data: Vec<f32> = (0..m * k).map(|_| { let u = uniform() * 2.0 - 1.0; (u * u * u) as f32 }).collect();
+        data[3 * k..4 * k].fill(0.0);
+        let pairs: Vec<[usize; 2]> = (0..m).flat_map(|o| (0..k / 2).map(move |j| [o * k + 2 * j, o * k + 2 * j + 1])).collect();
+        let param_of = move |e: usize| e / k;
+        let params: Vec<QParams> = (0..m).map(|o| {
+            let absmax = data[o * k..(o + 1) * k].iter().fold(0f32, |a, x| a.max(x.abs()));
+            QParams { scale: if absmax > 0.0 { absmax / 127.0 } else { 1.0 }, zero_point: 0 }
+        }).collect();
+        let w = weight(&data, &pairs, &param_of);
+        let fast = w.pair_scales(&params);
+        assert_eq!(fast, pair_scales_by_definition(&w, &params));
+        assert!(fast.iter().filter(|&&f| f > 1.0).count() >= m / 2, "most channels need a rise: {fast:?}");
+        assert_eq!(fast[3], 1.0);
     }
 }
