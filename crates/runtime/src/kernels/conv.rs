@@ -496,28 +496,49 @@ fn dense_kernel(mg: usize, oh: usize, ow: usize, taps: usize) -> Dense {
 /// [`dense_kernel`].
 const WINOGRAD_MIN_CHANNELS: usize = 16;
 
-/// 4x4 output tiles below which [`winograd_isa`] leaves a convolution to [`dense_kernel`].
-const WINOGRAD_MIN_TILES: usize = 256;
+/// 4x4 output tiles below which [`winograd_isa`] leaves a convolution to [`dense_kernel`]
+/// with AVX-512F.
+const WINOGRAD_MIN_TILES_AVX512: usize = 256;
+
+/// 4x4 output tiles below which [`winograd_isa`] leaves a convolution to [`dense_kernel`]
+/// with AVX2: the first for fewer than [`WINOGRAD_WIDE_CHANNELS`] input channels per group,
+/// the second from there.
+const WINOGRAD_MIN_TILES_AVX2: [usize; 2] = [25, 16];
+
+/// Input channels per group from which the second of [`WINOGRAD_MIN_TILES_AVX2`] applies.
+const WINOGRAD_WIDE_CHANNELS: usize = 64;
 
 /// The instructions Winograd F(4x4, 3x3) ([`winograd::conv_winograd`]) runs with on this
 /// CPU, if it computes a dense 2-D convolution of `cg` input channels per group over the
 /// window `h` x `wa` faster than the kernel [`dense_kernel`] picks; else `None`.
 ///
-/// It needs a 3x3 window of stride 1 and dilation 1 and AVX-512F (or AVX2 and FMA), and pays
-/// with at least [`WINOGRAD_MIN_CHANNELS`] input channels per group and
-/// [`WINOGRAD_MIN_TILES`] output tiles (an output of about 64x64). Measured on Zen 4 (AMD
-/// EPYC, 2 vCPUs, AVX-512), one thread, against the direct kernels: 1.4-1.9x faster on
-/// DNSMOS's 900x161 layers of 32-128 input channels and 1.7-2.3x on PP-OCRv4 det's 96 -> 24
-/// channel 232x184 ones; level at 140-180 tiles (outputs of 58x46 and 112x20); 1.4x slower at
-/// 48 tiles (29x23), and 1.8x slower with one input channel (DNSMOS's 900x161 stem), where
-/// the transforms cost more than the multiplies they save.
+/// It needs a 3x3 window of stride 1 and dilation 1, at least [`WINOGRAD_MIN_CHANNELS`] input
+/// channels per group, and enough output tiles:
+/// - AVX-512F: [`WINOGRAD_MIN_TILES_AVX512`] (an output of about 64x64). Measured on Zen 4
+///   (AMD EPYC, 2 vCPUs), one thread, against the direct kernels, with the weights
+///   transformed on every call: 1.4-1.9x faster on DNSMOS's 900x161 layers of 32-128 input
+///   channels and 1.7-2.3x on PP-OCRv4 det's 96 -> 24 channel 232x184 ones; level at 140-180
+///   tiles (outputs of 58x46 and 112x20); 1.4x slower at 48 tiles (29x23), and 1.8x slower
+///   with one input channel (DNSMOS's 900x161 stem), where the transforms cost more than the
+///   multiplies they save. Constant weights now keep their transform, so the crossover is
+///   lower there too; it has not been measured again.
+/// - AVX2 and FMA: [`WINOGRAD_MIN_TILES_AVX2`]. Measured on an AMD EPYC with AVX2 and no
+///   AVX-512 (2 vCPUs), one thread, square inputs of 16-256 channels and 8-56 columns, with the
+///   constant weights' transform kept: Winograd takes 0.2-0.5 of the direct kernel's time from
+///   25 tiles (0.7-0.9 at 16 channels) and from 16 tiles with 64 channels or more; 0.9-1.35x
+///   at 9 tiles and 1.5-2.3x at 4.
 fn winograd_isa(cg: usize, h: Axis, wa: Axis) -> Option<winograd::Isa> {
     let window = [h, wa].iter().all(|a| a.kernel == 3 && a.stride == 1 && a.dilation == 1);
     let tiles = h.output.div_ceil(4) * wa.output.div_ceil(4);
-    if !window || cg < WINOGRAD_MIN_CHANNELS || tiles < WINOGRAD_MIN_TILES {
+    if !window || cg < WINOGRAD_MIN_CHANNELS {
         return None;
     }
-    winograd::Isa::detect()
+    let isa = winograd::Isa::detect()?;
+    let min_tiles = match isa {
+        winograd::Isa::Avx512 => WINOGRAD_MIN_TILES_AVX512,
+        winograd::Isa::Avx2 => WINOGRAD_MIN_TILES_AVX2[usize::from(cg >= WINOGRAD_WIDE_CHANNELS)],
+    };
+    (tiles >= min_tiles).then_some(isa)
 }
 
 /// Output channels one step of [`direct_rows_avx512`] and [`direct_rows_avx2`] computes.
@@ -947,6 +968,8 @@ pub(crate) struct Conv {
     weight: Option<(Vec<f32>, Vec<usize>)>,
     /// Constant bias, converted once.
     bias: Option<Vec<f32>>,
+    /// The constant weight's Winograd transform, once a run needs it.
+    winograd: winograd::Transformed,
 }
 
 impl Conv {
@@ -986,6 +1009,7 @@ impl Conv {
         for ((b, &s), &t) in bias.iter_mut().zip(scale).zip(shift) {
             *b = *b * s + t;
         }
+        self.winograd = winograd::Transformed::default();
     }
 
     /// The convolution of `ins` with its bias and an optional epilogue; `None` when the
@@ -1008,7 +1032,8 @@ impl Conv {
             (None, None) => None,
         };
         let xv = to_f32(x)?;
-        Ok(match conv_with(&xv, x.shape(), w, wshape, bias, &self.window, self.group, epilogue)? {
+        let transformed = self.weight.is_some().then_some(&self.winograd);
+        Ok(match conv_with(&xv, x.shape(), w, wshape, bias, &self.window, self.group, epilogue, transformed)? {
             Some((out, shape)) => Some(from_f32(x.dtype(), &shape, out)?),
             None => None,
         })
@@ -1027,8 +1052,9 @@ impl Kernel for Conv {
 /// shape) applied to each output block while it is in cache. Returns the output
 /// `[N, M, O1, ..., Or]`, or `Ok(None)` when the program does not bind to the output shape.
 /// 1-D and 2-D convolutions run on the 2-D paths (1-D as height 1), others on [`conv_nd`].
+/// `transformed`, given when `w` is a constant weight, keeps its Winograd transform.
 #[allow(clippy::too_many_arguments)]
-fn conv_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Option<&[f32]>, window: &Window, group: usize, epilogue: Epilogue) -> RuntimeResult<Option<(Vec<f32>, Vec<usize>)>> {
+fn conv_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Option<&[f32]>, window: &Window, group: usize, epilogue: Epilogue, transformed: Option<&winograd::Transformed>) -> RuntimeResult<Option<(Vec<f32>, Vec<usize>)>> {
     if xshape.len() < 3 || wshape.len() != xshape.len() {
         return Err(kernel_error(format!("Conv needs an input [N, C, D1, ...] with at least one spatial axis and a weight of the same rank; got input {xshape:?}, weight {wshape:?}")));
     }
@@ -1054,8 +1080,8 @@ fn conv_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Opt
     };
     let fin = Finish { bias, channels: m, plane: shape[2..].iter().product(), epilogue: bound.as_ref() };
     let out = match axes[..] {
-        [wa] => conv_2d(x, xshape, w, wshape, Axis::UNIT, wa, group, fin),
-        [h, wa] => conv_2d(x, xshape, w, wshape, h, wa, group, fin),
+        [wa] => conv_2d(x, xshape, w, wshape, Axis::UNIT, wa, group, fin, transformed),
+        [h, wa] => conv_2d(x, xshape, w, wshape, h, wa, group, fin, transformed),
         _ => conv_nd(x, xshape, w, wshape, &axes, group, fin),
     };
     Ok(Some((out, shape)))
@@ -1065,7 +1091,8 @@ fn conv_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Opt
 /// validated shapes and the axes' geometry, finished by `fin`: depthwise, pointwise, direct
 /// or tiled im2col paths per image and group.
 #[allow(clippy::too_many_arguments)]
-fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa: Axis, group: usize, fin: Finish) -> Vec<f32> {
+#[allow(clippy::too_many_arguments)]
+fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa: Axis, group: usize, fin: Finish, transformed: Option<&winograd::Transformed>) -> Vec<f32> {
     let (n, c, m, cg) = (xshape[0], xshape[1], wshape[0], wshape[1]);
     let (ih, iw, kh, kw) = (h.input, wa.input, h.kernel, wa.kernel);
     let (oh, ow) = (h.output, wa.output);
@@ -1095,7 +1122,14 @@ fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa
                 } else {
                     match winograd_isa(cg, h, wa).map_or_else(|| dense_kernel(mg, h.output, wa.output, kdim), Dense::Winograd) {
                         Dense::Tiled => conv_tiled(src, cg, &[h, wa], wg, mg, out, base, fin),
-                        Dense::Winograd(isa) => winograd::conv_winograd(src, cg, h, wa, wg, mg, out, base, fin, isa),
+                        Dense::Winograd(isa) => {
+                            let owned;
+                            let u = match transformed {
+                                Some(t) => t.group(w, group, mg, cg, g),
+                                None => { owned = winograd::transform_weights(wg, mg, cg); &owned }
+                            };
+                            winograd::conv_winograd(src, cg, h, wa, u, mg, out, base, fin, isa)
+                        }
                         kernel => conv_direct(src, cg, h, wa, wg, mg, out, base, fin, kernel),
                     }
                 }
@@ -1590,7 +1624,7 @@ pub(crate) fn build_conv(info: &NodeInfo) -> RuntimeResult<Conv> {
     let group = info.attr_int("group", 1).max(0) as usize;
     let weight = info.const_input(1).map(|t| to_f32(t).map(|v| (v.into_owned(), t.shape().to_vec()))).transpose()?;
     let bias = info.const_input(2).map(|t| to_f32(t).map(|v| v.into_owned())).transpose()?;
-    Ok(Conv { window, group, weight, bias })
+    Ok(Conv { window, group, weight, bias, winograd: Default::default() })
 }
 
 fn conv(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
@@ -2362,6 +2396,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_constant_weight_keeps_its_winograd_transform_per_group() {
+        // Grouped 3x3 convolutions with enough channels and tiles for Winograd (with AVX2;
+        // the second also with AVX-512F), two images: the transform kept for the constant
+        // weight (filled by the first run, reused by the second) gives the bits of the
+        // transform made on every call, and both the naive convolution's values.
+        let cases: &[Case] = &[
+            ([2, 64, 20, 20], [48, 32, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
+            ([1, 32, 66, 70], [16, 16, 3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 2),
+        ];
+        for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
+            let x: Vec<f32> = (0..xs.iter().product::<usize>()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            let w: Vec<f32> = (0..ws.iter().product::<usize>()).map(|i| ((i * 53 % 89) as f32 - 44.0) / 40.0).collect();
+            let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
+            let window = Window { kernel: None, strides: Some(stride.to_vec()), dilations: Some(dil.to_vec()), pads: Some(pads.to_vec()), auto_pad: "NOTSET".into(), ceil_mode: false };
+            let (want, _) = naive(&x, xs, &w, ws, &b, stride, dil, pads, group);
+            let (fresh, _) = conv_with(&x, &xs, &w, &ws, Some(&b), &window, group, None, None).unwrap().unwrap();
+            let kept = winograd::Transformed::default();
+            for run in 0..2 {
+                let (got, _) = conv_with(&x, &xs, &w, &ws, Some(&b), &window, group, None, Some(&kept)).unwrap().unwrap();
+                assert!(got.iter().zip(&fresh).all(|(p, q)| p.to_bits() == q.to_bits()), "case {k}, run {run}: the kept transform changes the result");
+            }
+            // Winograd's rounding grows with the terms' magnitudes, not the result's.
+            let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
+            for (i, (g, e)) in fresh.iter().zip(&want).enumerate() {
+                assert!((g - e).abs() <= 1e-5 * scale, "case {k}, element {i}: {g} vs {e}");
+            }
+        }
+    }
+
     /// Runs every case through [`conv_with`] and compares it with [`naive`].
     fn check_cases(cases: &[Case]) {
         for (k, &(xs, ws, stride, dil, pads, group)) in cases.iter().enumerate() {
@@ -2370,7 +2434,7 @@ mod tests {
             let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
             let window = Window { kernel: None, strides: Some(stride.to_vec()), dilations: Some(dil.to_vec()), pads: Some(pads.to_vec()), auto_pad: "NOTSET".into(), ceil_mode: false };
             let (want, wshape) = naive(&x, xs, &w, ws, &b, stride, dil, [pads[0], pads[1], pads[2], pads[3]], group);
-            let (got, shape) = conv_with(&x, &xs, &w, &ws, Some(&b), &window, group, None).unwrap().unwrap();
+            let (got, shape) = conv_with(&x, &xs, &w, &ws, Some(&b), &window, group, None, None).unwrap().unwrap();
             assert_eq!(shape, wshape.to_vec(), "case {k}");
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, element {i}: {g} vs {e}");
@@ -2516,7 +2580,7 @@ mod tests {
                 let b: Vec<f32> = (0..ws[0]).map(|i| i as f32 * 0.25 - 1.0).collect();
                 let window = Window { kernel: None, strides: Some(strides.clone()), dilations: Some(dil.clone()), pads: Some(pads.clone()), auto_pad: "NOTSET".into(), ceil_mode: false };
                 let (want, wshape) = naive_nd(&x, xs, &w, ws, &b, strides, dil, pads, *group);
-                let (got, shape) = pool.install(|| conv_with(&x, xs, &w, ws, Some(&b), &window, *group, None)).unwrap().unwrap();
+                let (got, shape) = pool.install(|| conv_with(&x, xs, &w, ws, Some(&b), &window, *group, None, None)).unwrap().unwrap();
                 assert_eq!(shape, wshape, "case {k}");
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "case {k}, threads {threads}, element {i}: {g} vs {e}");
@@ -2530,7 +2594,7 @@ mod tests {
         let window = Window { kernel: None, strides: None, dilations: None, pads: None, auto_pad: "NOTSET".into(), ceil_mode: false };
         let x = vec![0f32; 2 * 3 * 4 * 4 * 4];
         let w = vec![0f32; 4 * 3 * 2 * 2 * 2];
-        let err = |xs: &[usize], ws: &[usize], window: &Window, group: usize| conv_with(&x, xs, &w, ws, None, window, group, None).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = |xs: &[usize], ws: &[usize], window: &Window, group: usize| conv_with(&x, xs, &w, ws, None, window, group, None, None).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err(&[2, 3], &[4, 3], &window, 1).contains("at least one spatial axis"));
         assert!(err(&[2, 3, 4, 4, 4], &[4, 3, 2, 2], &window, 1).contains("same rank"));
         assert!(err(&[2, 3, 4, 4, 4], &[4, 2, 2, 2, 2], &window, 1).contains("do not fit"));

@@ -67,10 +67,23 @@ const G: [[f64; 3]; SIDE] = [
     [0.0, 0.0, 1.0],
 ];
 
+/// A constant weight's transform ([`transform_weights`]) for every group, computed on first
+/// use and kept: the transform costs about as much as the products of a few dozen tiles, so
+/// without it small planes would not pay for Winograd.
+#[derive(Default)]
+pub(crate) struct Transformed(std::sync::OnceLock<Vec<Vec<f32>>>);
+
+impl Transformed {
+    /// The transform of group `g` of the constant weight `w` (`group` groups of `[mg, cg, 3, 3]`).
+    pub(super) fn group(&self, w: &[f32], group: usize, mg: usize, cg: usize, g: usize) -> &[f32] {
+        &self.0.get_or_init(|| (0..group).map(|g| transform_weights(&w[g * mg * cg * 9..(g + 1) * mg * cg * 9], mg, cg)).collect())[g]
+    }
+}
+
 /// The weights `[mg, cg, 3, 3]` transformed (`G g Gᵀ`, computed in f64) and laid out for the
 /// products: for each block of [`CB`] output channels, each position, each input channel,
 /// the block's [`CB`] values (channels past `mg` zero).
-fn transform_weights(w: &[f32], mg: usize, cg: usize) -> Vec<f32> {
+pub(super) fn transform_weights(w: &[f32], mg: usize, cg: usize) -> Vec<f32> {
     let mut u = vec![0f32; mg.div_ceil(CB) * POSITIONS * cg * CB];
     for (pair, g) in w[..mg * cg * 9].chunks_exact(9).enumerate() {
         let (m, c) = (pair / cg, pair % cg);
@@ -136,13 +149,14 @@ struct Geometry {
 }
 
 /// Dense 3x3 convolution of stride 1 and dilation 1 of one image and group (`cg` input
-/// channels in `src`, weights `[mg, cg, 3, 3]`) by Winograd F(4x4, 3x3), with `isa`'s
+/// channels in `src`, weights `[mg, cg, 3, 3]` given transformed as `u`, see
+/// [`transform_weights`]) by Winograd F(4x4, 3x3), with `isa`'s
 /// instructions (the CPU must support them). Written to `dst` (`mg` channel planes; its
 /// first element is output element `base`) and finished in bands of tile rows; bands run in
 /// parallel, each transforming and multiplying [`CHUNK`] tiles at a time, so its buffers
 /// hold about `4.6 KiB * cg` of transformed inputs whatever the plane's size.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn conv_winograd(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish, isa: Isa) {
+pub(super) fn conv_winograd(src: &[f32], cg: usize, h: Axis, wa: Axis, u: &[f32], mg: usize, dst: &mut [MaybeUninit<f32>], base: usize, fin: Finish, isa: Isa) {
     assert!(h.kernel == 3 && wa.kernel == 3 && h.stride == 1 && wa.stride == 1 && h.dilation == 1 && wa.dilation == 1, "Winograd F(4x4, 3x3) needs a 3x3 window of stride 1 and dilation 1");
     let (oh, ow) = (h.output, wa.output);
     let plane = oh * ow;
@@ -151,7 +165,7 @@ pub(super) fn conv_winograd(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: 
     }
     assert!(src.len() >= cg * h.input * wa.input, "input too small");
     let (th, tw) = (oh.div_ceil(TILE), ow.div_ceil(TILE));
-    let u = transform_weights(weights, mg, cg);
+    assert!(u.len() >= mg.div_ceil(CB) * POSITIONS * cg * CB, "transformed weights too small");
     let ch0 = (base / plane) % fin.channels;
     let bias: Vec<f32> = (0..mg).map(|m| fin.bias.map_or(0.0, |b| b[ch0 + m])).collect();
     let fin = Finish { bias: None, ..fin };
@@ -178,9 +192,9 @@ pub(super) fn conv_winograd(src: &[f32], cg: usize, h: Axis, wa: Axis, weights: 
             unsafe {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => chunk_avx512(&geo, src, &u, &bias, bufs, n, out, plane),
+                    Isa::Avx512 => chunk_avx512(&geo, src, u, &bias, bufs, n, out, plane),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => chunk_avx2(&geo, src, &u, &bias, bufs, n, out, plane),
+                    Isa::Avx2 => chunk_avx2(&geo, src, u, &bias, bufs, n, out, plane),
                     #[cfg(not(target_arch = "x86_64"))]
                     _ => unreachable!("no Winograd kernel on this architecture"),
                 }
@@ -550,7 +564,7 @@ mod tests {
         for (i, dst) in out.chunks_mut(mg * plane).enumerate() {
             let (bi, g) = (i / group, i % group);
             let src = &x[(bi * c + g * cg) * ih * iw..(bi * c + (g + 1) * cg) * ih * iw];
-            conv_winograd(src, cg, h, wa, &w[g * mg * cg * 9..(g + 1) * mg * cg * 9], mg, dst, i * mg * plane, fin, isa);
+            conv_winograd(src, cg, h, wa, &transform_weights(&w[g * mg * cg * 9..(g + 1) * mg * cg * 9], mg, cg), mg, dst, i * mg * plane, fin, isa);
         }
         // SAFETY: each call writes every element of its image's and group's planes.
         unsafe { assume_init(out) }
