@@ -209,8 +209,8 @@ struct Members {
 
 /// The summed squared error of rounding each of `xs` to the grid of spacing `scale`, integers
 /// (relative to the zero point) clamped to `[lo, hi]`; the integers go to `rounded`. The same
-/// integers as [`crate::qparams::quantize`]: `x / scale` rounded half to even, then clamped. Summed lane-wise in
-/// a fixed order, so the result is the same with or without AVX2.
+/// integers as [`crate::qparams::quantize`]: `x / scale` rounded half to even, then clamped.
+/// Summed lane-wise in a fixed order, so the result is the same with or without AVX2.
 fn rounding_error(xs: &[f32], scale: f32, lo: f32, hi: f32, rounded: &mut [f32]) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {

@@ -520,8 +520,8 @@ const WINOGRAD_WIDE_CHANNELS: usize = 64;
 ///   channels and 1.7-2.3x on PP-OCRv4 det's 96 -> 24 channel 232x184 ones; level at 140-180
 ///   tiles (outputs of 58x46 and 112x20); 1.4x slower at 48 tiles (29x23), and 1.8x slower
 ///   with one input channel (DNSMOS's 900x161 stem), where the transforms cost more than the
-///   multiplies they save. Constant weights now keep their transform, so the crossover is
-///   lower there too; it has not been measured again.
+///   multiplies they save. Constant weights keep their transform after the first run, which
+///   those figures include on every call, so this threshold may be higher than it needs to be.
 /// - AVX2 and FMA: [`WINOGRAD_MIN_TILES_AVX2`]. Measured on an AMD EPYC with AVX2 and no
 ///   AVX-512 (2 vCPUs), one thread, square inputs of 16-256 channels and 8-56 columns, with the
 ///   constant weights' transform kept: Winograd takes 0.2-0.5 of the direct kernel's time from
@@ -1090,7 +1090,6 @@ fn conv_with(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], bias: Opt
 /// The 2-D convolution of [`conv_with`] (a 1-D input has height `h` = [`Axis::UNIT`]) over
 /// validated shapes and the axes' geometry, finished by `fin`: depthwise, pointwise, direct
 /// or tiled im2col paths per image and group.
-#[allow(clippy::too_many_arguments)]
 #[allow(clippy::too_many_arguments)]
 fn conv_2d(x: &[f32], xshape: &[usize], w: &[f32], wshape: &[usize], h: Axis, wa: Axis, group: usize, fin: Finish, transformed: Option<&winograd::Transformed>) -> Vec<f32> {
     let (n, c, m, cg) = (xshape[0], xshape[1], wshape[0], wshape[1]);
