@@ -32,7 +32,7 @@ impl CalibrationSamples {
             return Ok(self);
         }
         eprintln!("note: calibrating on {n} of the {len} samples, spread evenly over the set (--calibration-samples)");
-        Ok(CalibrationSamples { picked: (0..n).map(|i| i * len / n).collect(), set: self.set })
+        Ok(CalibrationSamples { picked: qforge_quant::pipeline::spread(len, n), set: self.set })
     }
 }
 

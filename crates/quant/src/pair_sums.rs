@@ -144,10 +144,9 @@ impl PairedWeight<'_> {
             m.values.extend([x, y]);
         }
         for (e, _) in paired.iter().enumerate().filter(|(_, &x)| !x) {
-            members[(self.param_of)(e)].singles.push(self.data[e]);
+            members[(self.param_of)(e)].values.push(self.data[e]);
         }
-        members.par_iter_mut().zip(params.par_iter()).map(|(m, &p)| {
-            m.values.append(&mut m.singles);
+        members.par_iter().zip(params.par_iter()).map(|(m, &p)| {
             let mut rounded = vec![0f32; m.values.len()];
             let mut error = |f: f64| -> (f64, bool) {
                 let q = QParams { scale: (p.scale as f64 * f) as f32, zero_point: p.zero_point };
@@ -196,13 +195,12 @@ impl PairedWeight<'_> {
     }
 }
 
-/// One parameter's elements as [`PairedWeight::pair_scales`] searches them: its pairs' values
-/// first (`[x, y]` after each other), then the values paired with no other element of it.
+/// One parameter's elements as [`PairedWeight::pair_scales`] searches them: its `pairs` pairs'
+/// values first (`[x, y]` after each other), then the values paired with no other element of it.
 #[derive(Default)]
 struct Members {
     values: Vec<f32>,
     pairs: usize,
-    singles: Vec<f32>,
     /// The largest `(|x| + |y|) / scale` of a same-sign pair.
     largest: f64,
 }

@@ -291,7 +291,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
 }
 
 /// `k` sample indices spread evenly over `n` samples (`⌊i·n/k⌋`), all of them when `k >= n`.
-fn spread(n: usize, k: usize) -> Vec<usize> {
+pub fn spread(n: usize, k: usize) -> Vec<usize> {
     let k = k.min(n);
     (0..k).map(|i| i * n / k).collect()
 }
