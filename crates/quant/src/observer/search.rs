@@ -136,21 +136,77 @@ mod tests {
         let (lo, hi) = percentile_range(&UniformBins { counts: &counts, min: 0.0, max: 100.0 }, 98.0);
         assert!((lo - 1.0).abs() < 1e-9 && (hi - 99.0).abs() < 1e-9, "{lo} {hi}");
     }
+
+    /// The entropy search's histogram, read back: every value must fall in a bin with a count,
+    /// and the counts must add up to the values observed.
+    fn assert_holds(counts: &[f64], t: f64, data: &[f32]) {
+        let k = counts.len() / 2;
+        let width = t / k as f64;
+        assert_eq!(counts.iter().sum::<f64>(), data.len() as f64);
+        for &x in data {
+            let bin = (x as f64 / width).floor() as i64 + k as i64;
+            assert!((0..counts.len() as i64).contains(&bin) && counts[bin as usize] > 0.0, "{x} falls in empty or missing bin {bin} of {}", counts.len());
+        }
+    }
+
+    #[test]
+    fn symmetric_bins_merge_a_range_far_from_zero_to_max_bins_a_side() {
+        // 0.5 wide at 1000: the 2048-bin grid has width 2^-12, and padding it to zero would
+        // take over four million bins.
+        let far: Vec<f32> = (0..10_000).map(|i| 1000.0 + 0.5 * i as f32 / 9999.0).collect();
+        let mut h = Histogram::new(2048);
+        h.observe(&far);
+        let (counts, t) = symmetric_bins(&h);
+        assert!(counts.len() <= 2 * 2048 && counts.len() % 2 == 0, "{} bins", counts.len());
+        assert!(t >= 1000.5 && t <= 2.0 * 1000.5, "t = {t}");
+        assert_holds(&counts, t, &far);
+        let (lo, hi) = entropy_search(&counts, t, h.min as f64, h.max as f64, 512);
+        assert!(h.min as f64 <= lo && lo <= hi && hi <= h.max as f64, "[{lo}, {hi}]");
+
+        // A range holding zero is only padded: bin j of the grid lands at j + max(|first|, |end|).
+        let near: Vec<f32> = (0..10_000).map(|i| -1.0 + 4.0 * i as f32 / 9999.0).collect();
+        let mut h = Histogram::new(2048);
+        h.observe(&near);
+        let (counts, t) = symmetric_bins(&h);
+        let end = h.first + h.counts.len() as i64;
+        let k = h.first.abs().max(end.abs());
+        assert_eq!(counts.len() as i64, 2 * k);
+        assert_eq!(t, k as f64 * h.bin_width());
+        for (i, &c) in h.counts.iter().enumerate() {
+            assert_eq!(counts[(h.first + i as i64 + k) as usize], c as f64);
+        }
+        assert_holds(&counts, t, &near);
+    }
 }
 
-/// A histogram over `[-t, t]` with an even number of bins, the form the entropy search takes.
-/// Made from a zero-aligned [`Histogram`] by padding it with empty bins to symmetric extent.
+/// A histogram over `[-t, t]` with an even number of bins, at most twice the source's
+/// `max_bins`, the form the entropy search takes. Made from a zero-aligned [`Histogram`] by
+/// padding it with empty bins to symmetric extent. A range far from zero and narrow beside its
+/// distance (values in `[0.99, 1]`) would pad to millions of bins, and the search is quadratic
+/// in them; such a histogram is first merged by a power of two, which keeps zero on a bin
+/// edge, until each side has at most `max_bins` bins. A range that holds zero spans at most
+/// `max_bins` bins already and is never merged.
 pub fn symmetric_bins(h: &Histogram) -> (Vec<f64>, f64) {
     if h.counts.is_empty() {
         return (vec![0.0, 0.0], 0.0);
     }
-    let last = h.first + h.counts.len() as i64;
-    let k = h.first.abs().max(last.abs()).max(1);
+    let end = h.first + h.counts.len() as i64;
+    // Grid bins [first, end) merged by 2^merge: merged bins [first', end'), symmetric extent.
+    let extent = |merge: u32| {
+        let side = |grid: i64| grid.div_euclid(1 << merge);
+        side(h.first).abs().max((side(end - 1) + 1).abs()).max(1)
+    };
+    let mut merge = 0u32;
+    while extent(merge) > h.max_bins.max(1) as i64 {
+        merge += 1;
+    }
+    let k = extent(merge);
+    let side = |grid: i64| grid.div_euclid(1 << merge);
     let mut counts = vec![0.0; 2 * k as usize];
     for (i, &c) in h.counts.iter().enumerate() {
-        counts[(h.first + i as i64 + k) as usize] = c as f64;
+        counts[(side(h.first + i as i64) + k) as usize] += c as f64;
     }
-    (counts, k as f64 * h.bin_width())
+    (counts, k as f64 * h.bin_width() * (1u64 << merge) as f64)
 }
 
 /// Gives the bin `[0, width)` of a zero-centred histogram (from [`symmetric_bins`]) the count
