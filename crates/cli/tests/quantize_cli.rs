@@ -448,3 +448,29 @@ fn the_written_model_is_checked_against_float_and_a_poor_output_is_a_warning() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(j["output_check"].is_null(), "{j}");
 }
+
+/// Histogram calibration gives the same bytes whether one worker sees every sample in order or
+/// two take them as they come: orientation's feature maps are large enough to be sampled, and
+/// each sample is half as large as the one before, so one worker counts every later sample on
+/// the coarser grid of the first, where two count the first sample each takes on its own.
+#[test]
+fn histogram_calibration_gives_the_same_bytes_on_one_worker_and_on_two() {
+    let m = real_models().into_iter().find(|m| m.name == "orientation").expect("orientation in the test cache (run scripts/setup.sh)");
+    let tmp = TempDir::new("qcli_hist_workers");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 6, |i, s| {
+        for (_, t) in s.iter_mut() {
+            let scaled: Vec<f32> = t.as_slice::<f32>().unwrap().iter().map(|v| v * (32 >> i) as f32).collect();
+            *t = Tensor::from_vec(t.shape(), scaled).unwrap();
+        }
+    });
+    for method in ["percentile", "mse"] {
+        let written: Vec<Vec<u8>> = ["1", "2"].iter().map(|threads| {
+            let out = tmp.path().join(format!("{method}_{threads}.onnx"));
+            let o = quantize_with(&m, &calib, &out, &["--method", method, "--threads", threads, "--check-samples", "0"]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            std::fs::read(&out).unwrap()
+        }).collect();
+        assert!(written[0] == written[1], "--method {method}: one worker and two wrote different models");
+    }
+}

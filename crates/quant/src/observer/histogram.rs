@@ -11,7 +11,9 @@ const MIN_EXP: i32 = -160;
 /// `[k * 2^exp, (k + 1) * 2^exp)`. `exp` is the smallest exponent for which the observed range
 /// `[min, max]` spans at most `max_bins` bins, a function of the global range alone. Coarsening
 /// merges bins pairwise exactly (each coarse bin is the union of two finer ones), so a histogram
-/// built from any batching or sharding of the same data is identical to one built in one pass.
+/// counted in full from any batching or sharding of the same data is identical to one built in
+/// one pass. A sampled count ([`Histogram::observe_every`]) decides its tails on the grid in
+/// force; counted on a fresh histogram and merged, it depends on its own tensor alone.
 /// The zero-aligned grid also makes folding negative onto positive bins exact (histograms of
 /// `|x|`, as TensorRT's entropy calibration uses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,11 +217,17 @@ fn span(min: f32, max: f32, exp: i32) -> i64 {
     bin_of(max, exp) - bin_of(min, exp) + 1
 }
 
-/// The smallest exponent at which `[min, max]` spans at most `max_bins` bins.
+/// The smallest exponent at which `[min, max]` spans at most `max_bins` bins whose grid
+/// indices are at most [`EXACT_GRID_INDEX`] in magnitude. Without that bound a constant tensor
+/// would take the finest grid there is, its index would saturate, and a later coarsening would
+/// move its count to the wrong bin.
 fn grid_exp(min: f32, max: f32, max_bins: usize) -> i32 {
     let width = max as f64 - min as f64;
-    let mut e = if width > 0.0 { ((width / max_bins as f64).log2().floor() as i32).max(MIN_EXP) } else { MIN_EXP };
-    while span(min, max, e) > max_bins as i64 {
+    let magnitude = (min as f64).abs().max((max as f64).abs());
+    let exact = if magnitude > 0.0 { magnitude.log2().floor() as i32 - EXACT_GRID_INDEX.ilog2() as i32 } else { MIN_EXP };
+    let fits = if width > 0.0 { (width / max_bins as f64).log2().floor() as i32 } else { MIN_EXP };
+    let mut e = fits.max(MIN_EXP).max(exact);
+    while span(min, max, e) > max_bins as i64 || bin_of(min, e).abs().max(bin_of(max, e).abs()) > EXACT_GRID_INDEX {
         e += 1;
     }
     e
@@ -371,6 +379,27 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The count of the bin holding `x`.
+    fn count_at(h: &Histogram, x: f32) -> u64 {
+        h.counts[(bin_of(x, h.exp) - h.first) as usize]
+    }
+
+    #[test]
+    fn a_constant_tensor_keeps_its_bin_when_later_values_widen_the_grid() {
+        for c in [1.0f32, -3.5, 1e-30, 7e20] {
+            let mut h = Histogram::new(2048);
+            h.observe(&[c; 100]);
+            h.observe(&[0.0, 2.0 * c]);
+            assert_eq!(h.total(), 102);
+            assert_eq!(count_at(&h, c), 100, "constant {c}: exp {}, first {}", h.exp, h.first);
+
+            // The same values in one tensor give the same histogram.
+            let mut once = Histogram::new(2048);
+            once.observe(&[vec![c; 100], vec![0.0, 2.0 * c]].concat());
+            assert_eq!(h, once, "constant {c}");
+        }
+    }
 
     #[test]
     fn bin_index_is_the_floor_at_edges_and_for_negatives() {

@@ -132,22 +132,28 @@ impl Observer {
 
     /// Adds one tensor's values. Large tensors are observed in parallel chunks, and the state
     /// does not depend on how the chunks are scheduled (min/max merges are exact; a histogram
-    /// fixes its grid from the tensor's extremes first). A histogram counts the bulk of a tensor of at least
-    /// [`SAMPLED_FROM`] values at every [`SAMPLE_STRIDE`]-th position and its sparse tails
-    /// value by value (see [`Histogram::observe_every`]): the range searches see the same
-    /// distribution at a fraction of the cost.
+    /// fixes its grid from the tensor's extremes first). A histogram counts the bulk of a
+    /// tensor of at least [`SAMPLED_FROM`] values at every [`SAMPLE_STRIDE`]-th position and
+    /// its sparse tails value by value (see [`Histogram::observe_every`]), on the grid of that
+    /// tensor alone, then merges it: the range searches see the same distribution at a
+    /// fraction of the cost, and the state does not depend on the order of the tensors or on
+    /// how calibration split them over workers.
     pub fn observe(&mut self, data: &[f32]) {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 16;
         match self {
-            Observer::Histogram { histogram, .. } => {
-                let stride = if data.len() >= SAMPLED_FROM { SAMPLE_STRIDE } else { 1 };
+            Observer::Histogram { histogram, .. } if data.len() >= SAMPLED_FROM => {
+                // Which bins a sample counts one by one depends on the grid it is counted on:
+                // the tensor's own, so the state does not depend on the tensors seen before.
+                let mut tensor = Histogram::new(histogram.max_bins);
                 if data.len() > 2 * CHUNK {
-                    histogram.observe_chunks(data, stride, CHUNK);
+                    tensor.observe_chunks(data, SAMPLE_STRIDE, CHUNK);
                 } else {
-                    histogram.observe_every(data, stride);
+                    tensor.observe_every(data, SAMPLE_STRIDE);
                 }
+                histogram.merge(&tensor).expect("the same max_bins");
             }
+            Observer::Histogram { histogram, .. } => histogram.observe(data),
             Observer::MinMax(m) if data.len() > 2 * CHUNK => {
                 let part = data.par_chunks(CHUNK).map(|c| {
                     let mut o = MinMax::new(None);
@@ -327,6 +333,29 @@ mod tests {
         let mut full = Histogram::new(2048);
         full.observe(&data[..SAMPLED_FROM - 1]);
         assert_eq!(small, Observer::Histogram { histogram: full, range: RangeMethod::Mse });
+    }
+
+    #[test]
+    fn sampled_histograms_do_not_depend_on_the_order_or_the_worker_that_saw_a_tensor() {
+        // Calibration workers take samples as they come, so the same tensors reach an observer
+        // in any order and split over any number of copies that are merged later. A narrow
+        // tensor and a wide one, both sampled: whichever comes first, and however they are
+        // split, the state must be the same.
+        let narrow: Vec<f32> = half_normal(SAMPLED_FROM + 999);
+        let wide: Vec<f32> = half_normal(3 * SAMPLED_FROM + 7).iter().map(|v| 60.0 * v - 5.0).collect();
+        for range in [RangeMethod::Percentile { percentile: 99.99 }, RangeMethod::Mse] {
+            let kind = ObserverKind::Histogram { bins: 2048, range };
+            let seen = |tensors: &[&[f32]]| {
+                let mut o = Observer::new(&kind);
+                tensors.iter().for_each(|t| o.observe(t));
+                o
+            };
+            let forward = seen(&[&narrow, &wide]);
+            assert_eq!(forward, seen(&[&wide, &narrow]), "{range:?}: order");
+            let mut split = seen(&[&wide]);
+            split.merge(&seen(&[&narrow])).unwrap();
+            assert_eq!(forward, split, "{range:?}: two workers");
+        }
     }
 
     #[test]
