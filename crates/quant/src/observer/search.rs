@@ -191,20 +191,17 @@ pub fn symmetric_bins(h: &Histogram) -> (Vec<f64>, f64) {
         return (vec![0.0, 0.0], 0.0);
     }
     let end = h.first + h.counts.len() as i64;
-    // Grid bins [first, end) merged by 2^merge: merged bins [first', end'), symmetric extent.
-    let extent = |merge: u32| {
-        let side = |grid: i64| grid.div_euclid(1 << merge);
-        side(h.first).abs().max((side(end - 1) + 1).abs()).max(1)
-    };
+    // Grid bin `grid` merged by 2^merge, and the symmetric extent of bins [first, end) merged.
+    let merged = |grid: i64, merge: u32| grid.div_euclid(1 << merge);
+    let extent = |merge: u32| merged(h.first, merge).abs().max((merged(end - 1, merge) + 1).abs()).max(1);
     let mut merge = 0u32;
     while extent(merge) > h.max_bins.max(1) as i64 {
         merge += 1;
     }
     let k = extent(merge);
-    let side = |grid: i64| grid.div_euclid(1 << merge);
     let mut counts = vec![0.0; 2 * k as usize];
     for (i, &c) in h.counts.iter().enumerate() {
-        counts[(side(h.first + i as i64) + k) as usize] += c as f64;
+        counts[(merged(h.first + i as i64, merge) + k) as usize] += c as f64;
     }
     (counts, k as f64 * h.bin_width() * (1u64 << merge) as f64)
 }
