@@ -152,14 +152,12 @@ impl PairedWeight<'_> {
                 let q = QParams { scale: (p.scale as f64 * f) as f32, zero_point: p.zero_point };
                 let mut total = rounding_error(&m.values, q.scale, (self.range.0 - q.zero_point) as f32, (self.range.1 - q.zero_point) as f32, &mut rounded);
                 let mut over = false;
-                let limit = self.max as f32;
                 for (j, r) in rounded[..2 * m.pairs].chunks_exact(2).enumerate() {
-                    let (ra, rb) = (r[0], r[1]);
-                    if !(ra * rb > 0.0 && (ra + rb).abs() > limit) {
+                    let (da, db) = (r[0] as i64, r[1] as i64);
+                    if !overflows(da, db, self.max) {
                         continue;
                     }
                     over = true;
-                    let (da, db) = (ra as i64, rb as i64);
                     let (x, y) = (m.values[2 * j], m.values[2 * j + 1]);
                     let (qa, qb) = self.fit_values([x, y], da + q.zero_point, db + q.zero_point, q, q);
                     let e = |x: f32, v: i64| (x as f64 - q.scale as f64 * (v - q.zero_point) as f64).powi(2);
