@@ -13,7 +13,7 @@ const MIN_EXP: i32 = -160;
 /// merges bins pairwise exactly (each coarse bin is the union of two finer ones), so a histogram
 /// counted in full from any batching or sharding of the same data is identical to one built in
 /// one pass. A sampled count ([`Histogram::observe_every`]) decides its tails on the grid in
-/// force; counted on a fresh histogram and merged, it depends on its own tensor alone.
+/// force; counted on a fresh histogram and merged, it depends on the values counted alone.
 /// The zero-aligned grid also makes folding negative onto positive bins exact (histograms of
 /// `|x|`, as TensorRT's entropy calibration uses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,23 +76,46 @@ const TAIL_SAMPLES: u32 = 32;
 /// sampled value. Every value must be finite and fall in the grid `counts` covers, whose
 /// indices are at most [`EXACT_GRID_INDEX`] in magnitude; `stride` is at most 32.
 ///
-/// Bin indices are computed a block at a time (vectorized; AVX2 when the CPU has it), in f32
-/// when that is exact (twice the lanes of f64), and counted into four interleaved
-/// sub-histograms, so runs of equal values (a ReLU output's zeros) do not serialize on one
-/// counter.
+/// Bin indices are computed a block at a time (vectorized; AVX2 when the CPU has it, for the
+/// tails' candidate masks too), in f32 when that is exact (twice the lanes of f64), and counted
+/// into four interleaved sub-histograms, so runs of equal values (a ReLU output's zeros) do not
+/// serialize on one counter.
 fn count_bins(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
         unsafe fn count_bins_avx2(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64) {
-            count_bins_lanes(counts, data, stride, exp, first)
+            count_bins_lanes(counts, data, stride, exp, first, |group, below, above| outside_bits_avx2(group, below, above))
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, checked just above.
             return unsafe { count_bins_avx2(counts, data, stride, exp, first) };
         }
     }
-    count_bins_lanes(counts, data, stride, exp, first)
+    count_bins_lanes(counts, data, stride, exp, first, outside_bits)
+}
+
+/// Bit `k` is set when `group[k]` is below `below` or at least `above` (at most 32 values).
+#[inline(always)]
+fn outside_bits(group: &[f32], below: f32, above: f32) -> u32 {
+    group.iter().enumerate().fold(0u32, |m, (k, &x)| m | (u32::from(x < below) | u32::from(x >= above)) << k)
+}
+
+/// [`outside_bits`] with AVX2 compares and sign-bit masks, eight values at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn outside_bits_avx2(group: &[f32], below: f32, above: f32) -> u32 {
+    use std::arch::x86_64::*;
+    if group.len() != 32 {
+        return outside_bits(group, below, above);
+    }
+    let (below, above) = (_mm256_set1_ps(below), _mm256_set1_ps(above));
+    (0..4).fold(0u32, |m, j| {
+        // SAFETY: `group` holds 32 values, so the 8 from `8 * j` are in bounds.
+        let x = unsafe { _mm256_loadu_ps(group.as_ptr().add(8 * j)) };
+        let out = _mm256_or_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, below), _mm256_cmp_ps::<_CMP_GE_OQ>(x, above));
+        m | (_mm256_movemask_ps(out) as u32) << (8 * j)
+    })
 }
 
 /// [`count_bins`]' body, written so that the index computation vectorizes for whatever SIMD
@@ -102,7 +125,7 @@ fn count_bins(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: 
 /// value adds one to its bin's sub-count, and so does a tail value at a position the stride
 /// skips; at the flush a sampled bin's sub-count weighs `stride`, a tail bin's one.
 #[inline(always)]
-fn count_bins_lanes(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64) {
+fn count_bins_lanes(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, first: i64, outside_bits: impl Fn(&[f32], f32, f32) -> u32) {
     const BLOCK: usize = 256;
     const WAYS: usize = 4;
     /// Values per flush: a way counts at most a quarter of them once, plus a quarter of the
@@ -165,13 +188,12 @@ fn count_bins_lanes(counts: &mut [u64], data: &[f32], stride: usize, exp: i32, f
             let edge = |bin: usize| (first + bin as i64) as f64 * 2f64.powi(exp);
             let below = if sampled.start == 0 { f32::NEG_INFINITY } else { f32_at_least(edge(sampled.start)) };
             let above = if sampled.end == counts.len() { f32::INFINITY } else { f32_at_most(edge(sampled.end)) };
-            let outside = |x: f32| u32::from(x < below) | u32::from(x >= above);
             // The group's start position past a multiple of the stride.
             let mut start = 0;
             for group in part.chunks(GROUP) {
                 // Bit k is set when value k may be in a tail and the stride skipped it; built
                 // vectorized, walked bit by bit.
-                let mut mask = skipped[start] & group.iter().enumerate().fold(0u32, |m, (k, &x)| m | outside(x) << k);
+                let mut mask = skipped[start] & outside_bits(group, below, above);
                 while mask != 0 {
                     let k = mask.trailing_zeros() as usize;
                     let i = bin_at(group[k], inv_width) - first;
@@ -210,6 +232,13 @@ fn sampled_bins(sub: &[u16], ways: usize) -> Range<usize> {
         start += 1;
     }
     start..end
+}
+
+/// The grid index a bin takes when the bin width grows by `2^shift` (`shift >= 0`): the
+/// floor of the index over `2^shift`.
+fn coarse_index(shift: i32) -> impl Fn(i64) -> i64 {
+    let shift = shift as u32;
+    move |k| if shift >= 63 { if k < 0 { -1 } else { 0 } } else { k >> shift }
 }
 
 /// Bins spanned by `[min, max]` at width `2^exp`.
@@ -258,8 +287,7 @@ impl Histogram {
             self.exp = self.exp.max(exp);
             return;
         }
-        let shift = (exp - self.exp) as u32;
-        let coarse = |k: i64| if shift >= 63 { if k < 0 { -1 } else { 0 } } else { k >> shift };
+        let coarse = coarse_index(exp - self.exp);
         let first = coarse(self.first);
         let last = coarse(self.first + self.counts.len() as i64 - 1);
         let mut counts = vec![0u64; (last - first + 1) as usize];
@@ -307,28 +335,6 @@ impl Histogram {
         }
     }
 
-    /// [`Histogram::observe_every`] on a large tensor, counted in parallel chunks of `chunk`
-    /// values on the grid that the tensor's extremes fix first: each chunk decides its tails
-    /// on that one grid, so the result does not depend on how the chunks are scheduled.
-    pub fn observe_chunks(&mut self, data: &[f32], stride: usize, chunk: usize) {
-        use rayon::prelude::*;
-        let extremes = data.par_chunks(chunk).map(super::finite_extremes)
-            .reduce(|| (f32::INFINITY, f32::NEG_INFINITY, 0), |a, b| (a.0.min(b.0), a.1.max(b.1), a.2 + b.2));
-        if self.cover_values(extremes) {
-            let (exp, first, bins) = (self.exp, self.first, self.counts.len());
-            let counts = data.par_chunks(chunk).fold(|| vec![0u64; bins], |mut counts, c| {
-                count_bins(&mut counts, c, stride, exp, first);
-                counts
-            }).reduce(|| vec![0u64; bins], |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            });
-            self.counts.iter_mut().zip(&counts).for_each(|(a, b)| *a += b);
-        } else if extremes.0 <= extremes.1 {
-            self.count_finite(data);
-        }
-    }
-
     /// Records a tensor's `(lo, hi, nonfinite)` from [`super::finite_extremes`] and makes
     /// the grid cover `[lo, hi]`. True when [`count_bins`] can count the tensor: it has a
     /// finite value, no non-finite one, and grid indices it can handle.
@@ -366,11 +372,11 @@ impl Histogram {
         self.max = self.max.max(other.max);
         let exp = grid_exp(self.min, self.max, self.max_bins);
         self.coarsen(exp);
-        let mut o = other.clone();
-        o.coarsen(exp);
-        self.cover(o.first, o.first + o.counts.len() as i64 - 1);
-        for (i, c) in o.counts.iter().enumerate() {
-            self.counts[(o.first - self.first) as usize + i] += c;
+        // `other`'s bins mapped onto the coarser (or equal) grid: each lands whole in one bin.
+        let coarse = coarse_index(exp - other.exp);
+        self.cover(coarse(other.first), coarse(other.first + other.counts.len() as i64 - 1));
+        for (i, &c) in other.counts.iter().enumerate() {
+            self.counts[(coarse(other.first + i as i64) - self.first) as usize] += c;
         }
         Ok(())
     }
@@ -446,6 +452,27 @@ mod tests {
             let mut got = vec![0u64; want.len()];
             count_bins(&mut got, d, 1, exp, first);
             assert_eq!(got, want, "exp {exp}");
+            // Without AVX2.
+            let mut got = vec![0u64; want.len()];
+            count_bins_lanes(&mut got, d, 1, exp, first, outside_bits);
+            assert_eq!(got, want, "portable, exp {exp}");
+        }
+    }
+
+    #[test]
+    fn tail_candidates_are_the_same_with_and_without_avx2() {
+        // Values on and around the bounds, and the bounds open (infinite) on either side.
+        let values: Vec<f32> = (0..64).map(|i| [-2.0, -1.0, -1.0f32.next_up(), 0.0, 3.0f32.next_down(), 3.0, 7.5, -0.5][i % 8] * if i % 3 == 0 { 1.0 } else { -1.0 }).collect();
+        for (below, above) in [(-1.0, 3.0), (f32::NEG_INFINITY, 3.0), (-1.0, f32::INFINITY), (f32::NEG_INFINITY, f32::INFINITY)] {
+            for group in values.chunks(32).chain(values[5..].chunks(32)) {
+                let expected = group.iter().enumerate().filter(|(_, &x)| x < below || x >= above).fold(0u32, |m, (k, _)| m | 1 << k);
+                assert_eq!(outside_bits(group, below, above), expected, "[{below}, {above}) on {group:?}");
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2, checked just above.
+                    assert_eq!(unsafe { outside_bits_avx2(group, below, above) }, expected, "AVX2, [{below}, {above}) on {group:?}");
+                }
+            }
         }
     }
 
