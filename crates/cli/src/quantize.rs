@@ -123,8 +123,10 @@ pub struct QuantizerArgs {
     /// Input channels per weight block for block-wise 4-bit weights (16a4w-block; default 64).
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// Activation range: minmax, auto (min/max unless the mse clip cuts the quantization error 3x), percentile, entropy, l2 or mse.
-    #[arg(long, default_value = "minmax")]
+    /// Activation range: mse (the range of least squared quantization error, searched on a
+    /// streaming histogram; default), minmax (the observed extremes), auto (min/max unless the
+    /// mse clip cuts the quantization error 3x), percentile, entropy or l2.
+    #[arg(long, default_value = "mse")]
     pub method: String,
     /// One weight scale per output channel (default).
     #[arg(long, conflicts_with = "per_tensor")]
@@ -158,7 +160,7 @@ fn method(name: &str) -> Result<RangeName> {
         "l2" => RangeName::L2,
         "mse" => RangeName::Mse,
         "auto" => RangeName::Auto,
-        other => bail!("--method '{other}' is not known; use minmax, auto, percentile, entropy, l2 or mse"),
+        other => bail!("--method '{other}' is not known; use mse, minmax, auto, percentile, entropy or l2"),
     })
 }
 

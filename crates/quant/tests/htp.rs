@@ -536,10 +536,13 @@ fn float_nodes_are_reported_with_reasons() {
 
 /// ONNX Runtime loads and runs every precision, also written below opset 21 (16- and 4-bit
 /// Q/DQ in the com.microsoft domain; block-wise weights are refused there), with its QDQ
-/// fusions on, and off so Q/DQ run as written, and with fusions off its outputs equal qforge's own execution of the same QDQ model within two steps of the
-/// 8-bit output grid (2/256) for 8-bit activations and 1e-3 for 16-bit: Q/DQ kernels are
-/// bit-exact with ORT, and a float accumulation one ulp apart can move a value across one
-/// rounding boundary, whose step then propagates to the output.
+/// fusions on, and off so Q/DQ run as written. With fusions off, every quantized tensor is
+/// exposed and compared with qforge's own execution of the same QDQ model, in node order: the
+/// first one that differs differs by one integer step in at most 1 % of its elements. Q/DQ
+/// kernels are bit-exact with ORT, and a float accumulation one ulp apart can move a value
+/// across one rounding boundary. That step then propagates, and a later requantization to a
+/// finer scale widens it, so the final outputs are only held within eight steps of the 8-bit
+/// output grid (8/256) for 8-bit activations and 1e-3 for 16-bit.
 fn check_against_ort(name: &str, m: &Model, samples: &dyn SampleSource, feed: &[(String, Tensor)], block_size: usize, tmp: &Path) {
     for (p, max_opset) in Precision::ALL.into_iter().flat_map(|p| [(p, None), (p, Some(20))]) {
         let options = HtpOptions { precision: p, precision_options: PrecisionOptions { block_size, ..Default::default() }, soc: None };
@@ -561,12 +564,27 @@ fn check_against_ort(name: &str, m: &Model, samples: &dyn SampleSource, feed: &[
         assert_eq!(blocked > 0, options.precision.is_blockwise(), "{name} {p}: {blocked} block-wise DequantizeLinear");
         let path = tmp.join(format!("{name}_{p}.onnx"));
         qforge_onnx::save(&q, &path).unwrap();
-        let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.to_vec()).unwrap();
-        let theirs = ort_run_with(&path, feed, 1, false);
         let fused = ort_run_with(&path, feed, 1, true);
         assert!(fused.iter().all(|(_, t)| t.to_f64_vec().unwrap().iter().all(|x| x.is_finite())), "{name} {p}: ORT with its QDQ fusions on runs it");
-        let atol = if options.precision.activation() == qforge_quant::QType::U8 { 2.0 / 256.0 } else { 1e-3 };
-        for ((out, a), (_, b)) in ours.iter().zip(&theirs) {
+        let mut exposed = q.clone();
+        let outputs = exposed.graph.outputs().len();
+        let quantized: Vec<ValueId> = exposed.graph.nodes().filter(|(_, n)| n.op_type == "QuantizeLinear").filter_map(|(_, n)| n.output(0)).collect();
+        let all: Vec<ValueId> = exposed.graph.outputs().iter().copied().chain(quantized.iter().copied().filter(|v| !q.graph.is_output(*v))).collect();
+        exposed.graph.set_outputs(all).unwrap();
+        let exposed_path = tmp.join(format!("{name}_{p}_exposed.onnx"));
+        qforge_onnx::save(&exposed, &exposed_path).unwrap();
+        let ours = qforge_runtime::Session::new(&exposed).unwrap().run(feed.to_vec()).unwrap();
+        let theirs = ort_run_with(&exposed_path, feed, 1, false);
+        let first_difference = ours[outputs..].iter().zip(&theirs[outputs..]).find(|((_, a), (_, b))| a != b);
+        if let Some(((value, a), (_, b))) = first_difference {
+            let (a, b) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
+            let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            let steps = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+            println!("{name:<10} {p:<12} first quantized tensor to differ: '{value}', {differing} of {} values by up to {steps} step(s)", a.len());
+            assert!(steps <= 1.0 && differing * 100 <= a.len(), "{name} {p}: '{value}' is the first quantized tensor to differ, {differing} of {} values by up to {steps} steps", a.len());
+        }
+        let atol = if options.precision.activation() == qforge_quant::QType::U8 { 8.0 / 256.0 } else { 1e-3 };
+        for ((out, a), (_, b)) in ours[..outputs].iter().zip(&theirs[..outputs]) {
             let (worst, ok) = compare(a, b, 0.0, atol);
             println!("{name:<10} {p:<12} '{out}': qforge vs ORT max |diff| {worst:.2e} (tolerance {atol:.1e})");
             assert!(ok, "{name} {p} '{out}': max |diff| {worst}");
@@ -801,3 +819,4 @@ fn a_loop_counter_incremented_in_float_is_never_quantized() {
         }
     }
 }
+

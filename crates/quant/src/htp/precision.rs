@@ -44,9 +44,9 @@ pub struct PrecisionOptions {
 }
 
 impl Default for PrecisionOptions {
-    /// Blocks of 64, min/max activation ranges.
+    /// Blocks of 64, MSE activation ranges (`qforge quantize`'s default `--method`).
     fn default() -> Self {
-        PrecisionOptions { block_size: 64, range: RangeName::Minmax }
+        PrecisionOptions { block_size: 64, range: RangeName::Mse }
     }
 }
 
