@@ -537,12 +537,12 @@ fn float_nodes_are_reported_with_reasons() {
 /// ONNX Runtime loads and runs every precision, also written below opset 21 (16- and 4-bit
 /// Q/DQ in the com.microsoft domain; block-wise weights are refused there), with its QDQ
 /// fusions on, and off so Q/DQ run as written. With fusions off, every quantized tensor is
-/// exposed and compared with qforge's own execution of the same QDQ model, in node order: the
-/// first one that differs differs by one integer step in at most 1 % of its elements. Q/DQ
-/// kernels are bit-exact with ORT, and a float accumulation one ulp apart can move a value
-/// across one rounding boundary. That step then propagates, and a later requantization to a
-/// finer scale widens it, so the final outputs are only held within eight steps of the 8-bit
-/// output grid (8/256) for 8-bit activations and 1e-3 for 16-bit.
+/// exposed and compared with qforge's own execution of the same QDQ model, in topological
+/// order: the first one that differs differs by one integer step in at most 1 % of its
+/// elements. Q/DQ kernels are bit-exact with ORT, and a float accumulation one ulp apart can
+/// move a value across one rounding boundary. That step then propagates, and a later
+/// requantization to a finer scale widens it, so the final outputs are only held within eight
+/// steps of the 8-bit output grid (8/256) for 8-bit activations and 1e-3 for 16-bit.
 fn check_against_ort(name: &str, m: &Model, samples: &dyn SampleSource, feed: &[(String, Tensor)], block_size: usize, tmp: &Path) {
     for (p, max_opset) in Precision::ALL.into_iter().flat_map(|p| [(p, None), (p, Some(20))]) {
         let options = HtpOptions { precision: p, precision_options: PrecisionOptions { block_size, ..Default::default() }, soc: None };
@@ -568,7 +568,8 @@ fn check_against_ort(name: &str, m: &Model, samples: &dyn SampleSource, feed: &[
         assert!(fused.iter().all(|(_, t)| t.to_f64_vec().unwrap().iter().all(|x| x.is_finite())), "{name} {p}: ORT with its QDQ fusions on runs it");
         let mut exposed = q.clone();
         let outputs = exposed.graph.outputs().len();
-        let quantized: Vec<ValueId> = exposed.graph.nodes().filter(|(_, n)| n.op_type == "QuantizeLinear").filter_map(|(_, n)| n.output(0)).collect();
+        let g = &exposed.graph;
+        let quantized: Vec<ValueId> = g.topo_order().unwrap().into_iter().map(|id| g.node(id).unwrap()).filter(|n| n.op_type == "QuantizeLinear").filter_map(|n| n.output(0)).collect();
         let all: Vec<ValueId> = exposed.graph.outputs().iter().copied().chain(quantized.iter().copied().filter(|v| !q.graph.is_output(*v))).collect();
         exposed.graph.set_outputs(all).unwrap();
         let exposed_path = tmp.join(format!("{name}_{p}_exposed.onnx"));
