@@ -236,7 +236,7 @@ fn sampled_bins(sub: &[u16], ways: usize) -> Range<usize> {
 
 /// The grid index a bin takes when the bin width grows by `2^shift` (`shift >= 0`): the
 /// floor of the index over `2^shift`.
-fn coarse_index(shift: i32) -> impl Fn(i64) -> i64 {
+pub(super) fn coarse_index(shift: i32) -> impl Fn(i64) -> i64 {
     let shift = shift as u32;
     move |k| if shift >= 63 { if k < 0 { -1 } else { 0 } } else { k >> shift }
 }

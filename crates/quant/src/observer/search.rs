@@ -1,6 +1,7 @@
 //! Range selection on a histogram: choosing the clipping range `[lo, hi]` that a quantizer
 //! should use instead of the raw extremes.
 
+use super::histogram::coarse_index;
 use super::Histogram;
 
 /// A histogram with uniform bins over `[min, max]`, the form the search algorithms take.
@@ -191,17 +192,19 @@ pub fn symmetric_bins(h: &Histogram) -> (Vec<f64>, f64) {
         return (vec![0.0, 0.0], 0.0);
     }
     let end = h.first + h.counts.len() as i64;
-    // Grid bin `grid` merged by 2^merge, and the symmetric extent of bins [first, end) merged.
-    let merged = |grid: i64, merge: u32| grid.div_euclid(1 << merge);
-    let extent = |merge: u32| merged(h.first, merge).abs().max((merged(end - 1, merge) + 1).abs()).max(1);
-    let mut merge = 0u32;
+    // The symmetric extent of bins [first, end) merged by 2^merge.
+    let extent = |merge: i32| {
+        let merged = coarse_index(merge);
+        merged(h.first).abs().max((merged(end - 1) + 1).abs()).max(1)
+    };
+    let mut merge = 0;
     while extent(merge) > h.max_bins.max(1) as i64 {
         merge += 1;
     }
-    let k = extent(merge);
+    let (k, merged) = (extent(merge), coarse_index(merge));
     let mut counts = vec![0.0; 2 * k as usize];
     for (i, &c) in h.counts.iter().enumerate() {
-        counts[(merged(h.first + i as i64, merge) + k) as usize] += c as f64;
+        counts[(merged(h.first + i as i64) + k) as usize] += c as f64;
     }
     (counts, k as f64 * h.bin_width() * (1u64 << merge) as f64)
 }
