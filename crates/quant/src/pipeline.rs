@@ -261,6 +261,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
         let mut plan = QuantPlan::new(&m.graph, annotated.to_vec(), m.opset("").unwrap_or(1));
         let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
         let kept = calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, &checked, progress)?;
+        plan.derive_observations();
         plan.settle_floors(&m.graph);
         Ok((plan, stats, kept))
     };

@@ -11,7 +11,10 @@
 //!
 //! Calibration runs the float model with [`qforge_runtime::Hooks`] that stream every watched
 //! value into its groups' observers. A value of a subgraph read from an enclosing graph is
-//! watched where it is defined.
+//! watched where it is defined. A group whose one observed value is a monotone map of a value
+//! another group observes alone (`x + 3`, `clip(x, 0, 6)`, `0.4 * x`: see [`monotone_input`])
+//! is not watched: its state is derived from that group's after calibration, which then reads
+//! half the activations of a hardswish written out as Add, Clip, Mul.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -19,7 +22,7 @@ use qforge_ir::{Graph, GraphPath, NodeId, Tensor, ValueId, ValueKind};
 use qforge_runtime::{Hooks, ValueEvent};
 
 use crate::annotation::Annotations;
-use crate::observer::Observer;
+use crate::observer::{Monotone, Observer, Step};
 use crate::spec::{Edge, FixedQParams, QuantizationSpec, Spec};
 use crate::QType;
 
@@ -38,6 +41,10 @@ pub struct Group {
     /// The lowest value worth an integer level, set after calibration by
     /// [`QuantPlan::settle_floors`]: values below it saturate without changing any result.
     pub floor: Option<f32>,
+    /// How the state follows from another group's, when it is derived rather than observed
+    /// (see [`QuantPlan::derive_observations`]): the map of the observed value, e.g.
+    /// `min(max(conv_out + 3, 0), 6)`.
+    pub derived: Option<String>,
 }
 
 impl Group {
@@ -127,6 +134,9 @@ pub struct QuantPlan {
     tracked: HashSet<(usize, ValueId)>,
     /// The observed extremes of each tracked value (see [`QuantPlan::value_extremes`]).
     value_extremes: HashMap<(usize, ValueId), (f32, f32)>,
+    /// `(group, source group, map)`: groups not observed, whose state is the source's mapped
+    /// (see [`QuantPlan::derive_observations`]).
+    derived: Vec<(usize, usize, Monotone)>,
 }
 
 fn find(parent: &mut [usize], mut x: usize) -> usize {
@@ -233,7 +243,7 @@ impl QuantPlan {
                     Spec::Fixed(f) => (QuantizationSpec { scheme: f.scheme, granularity: crate::spec::Granularity::PerTensor, observer: crate::spec::ObserverKind::MinMax, scale_min: None, pair_sum_max: None }, Some(f.clone())),
                     _ => unreachable!("points are made from quantize and fixed specs"),
                 };
-                groups.push(Group { observer: Observer::new(&spec.observer), spec, fixed, points: vec![], unusable: None, softmax_rows: None, floor: None });
+                groups.push(Group { observer: Observer::new(&spec.observer), spec, fixed, points: vec![], unusable: None, softmax_rows: None, floor: None, derived: None });
                 groups.len() - 1
             });
             if let Spec::Fixed(f) = &specs[p].0 {
@@ -245,13 +255,18 @@ impl QuantPlan {
         for grp in &mut groups {
             grp.softmax_rows = softmax_rows(&all, &grp.points, opset);
         }
+        let derived = derived_groups(&all, &groups, &plans);
+        for (gid, src, f) in &derived {
+            let (gi, v) = observed_points(&all, &groups[*src])[0];
+            groups[*gid].derived = Some(f.describe(all[gi].1.value(v).map_or("?", |x| x.name.as_str())));
+        }
         // Watch each point where its value is produced.
         let mut watch: HashMap<(usize, ValueId), Vec<usize>> = HashMap::new();
         for (gid, grp) in groups.iter().enumerate() {
-            for &(gi, v) in &grp.points {
-                if clamped_in_group(all[gi].1, v, |w| grp.points.contains(&(gi, w))) {
-                    continue;
-                }
+            if derived.iter().any(|&(d, _, _)| d == gid) {
+                continue;
+            }
+            for (gi, v) in observed_points(&all, grp) {
                 if let Some(at) = defining_value(&all, gi, v) {
                     let e = watch.entry(at).or_default();
                     if !e.contains(&gid) {
@@ -261,7 +276,19 @@ impl QuantPlan {
             }
         }
         let tracked = shared_inputs.values().copied().collect();
-        QuantPlan { graphs: plans, groups, watch, shared_inputs, tracked, value_extremes: HashMap::new() }
+        QuantPlan { graphs: plans, groups, watch, shared_inputs, tracked, value_extremes: HashMap::new(), derived }
+    }
+
+    /// Gives each derived group the state its source reached, mapped ([`Observer::mapped`]):
+    /// what observing the group's own values would have given, exactly for the extremes, on
+    /// the source's bins carried through the map for a histogram. Run once after calibration.
+    pub fn derive_observations(&mut self) {
+        for (gid, src, f) in &self.derived {
+            if let Some(observer) = self.groups[*src].observer.mapped(f) {
+                self.groups[*gid].unusable = self.groups[*src].unusable.clone();
+                self.groups[*gid].observer = observer;
+            }
+        }
     }
 
     /// Hooks that stream watched values into the observers.
@@ -383,6 +410,113 @@ fn share(specs: &[(Spec, bool)], unions: &[(usize, usize, (usize, Edge))], shari
         }
     }
     parent
+}
+
+/// The groups whose state follows from another group's, as `(group, source, map)`: the group
+/// observes one value, computed by [`monotone_input`] ops (through members of its own that it
+/// does not observe, as a Clip's input) from a value of the same graph that a group of the same
+/// observer kind observes alone (or whose state is itself derived, the maps then composed),
+/// and the state carries over that map ([`Observer::mapped`]). A derived group is not
+/// observed: calibration reads the source once instead of both.
+fn derived_groups(all: &[(GraphPath, &Graph)], groups: &[Group], plans: &[GraphPlan]) -> Vec<(usize, usize, Monotone)> {
+    // The one value whose data a group's observer sees.
+    let observed_alone = |gid: usize| -> Option<(usize, ValueId)> {
+        let grp = &groups[gid];
+        match observed_points(all, grp)[..] {
+            [point] if grp.softmax_rows.is_none() => Some(point),
+            _ => None,
+        }
+    };
+    let direct: Vec<Option<(usize, Monotone)>> = (0..groups.len()).map(|gid| {
+        let (gi, mut v) = observed_alone(gid)?;
+        let g = all[gi].1;
+        // Back through the maps whose inputs the group holds itself (a Clip's input, clamped
+        // to the group's range and so not observed), to an input of another group.
+        let mut f = Monotone::default();
+        for _ in 0..=groups[gid].points.len() {
+            let (producer, _) = g.value(v).ok()?.producer()?;
+            let (x, step) = monotone_input(g, g.node(producer).ok()?)?;
+            f = step.then(&f);
+            if g.value(x).ok()?.kind() == ValueKind::Outer {
+                return None;
+            }
+            if !groups[gid].points.contains(&(gi, x)) {
+                let observes_x = |s: usize| s != gid && observed_alone(s) == Some((gi, x)) && groups[s].spec.observer == groups[gid].spec.observer;
+                let src = plans[gi].points.range((x, QType::U4)..=(x, QType::S32)).map(|(_, &s)| s).find(|&s| observes_x(s))?;
+                // The kind of state, and the map, carry over (fresh states tell).
+                groups[gid].observer.mapped(&f)?;
+                return Some((src, f));
+            }
+            v = x;
+        }
+        None
+    }).collect();
+    // Compose each chain down to its observed root; a chain is as long as its graph at most.
+    (0..groups.len()).filter_map(|gid| {
+        let (mut src, mut f) = direct[gid].clone()?;
+        for _ in 0..groups.len() {
+            let Some((up, g)) = &direct[src] else { break };
+            (src, f) = (*up, g.then(&f));
+        }
+        Some((gid, src, f))
+    }).collect()
+}
+
+/// The points of a group whose values its observer sees: all but those read only by a clamp
+/// into the group ([`clamped_in_group`]).
+fn observed_points(all: &[(GraphPath, &Graph)], grp: &Group) -> Vec<(usize, ValueId)> {
+    grp.points.iter().copied().filter(|&(gi, v)| !clamped_in_group(all[gi].1, v, |w| grp.points.contains(&(gi, w)))).collect()
+}
+
+/// The one non-constant input of an elementwise op and the monotone map its output is of it,
+/// when every other input is a finite float32 scalar constant (any shape of one element, so
+/// broadcasting keeps the values of the input):
+///
+/// | op | map |
+/// |---|---|
+/// | `Add(x, c)`, `Add(c, x)` | `x + c` |
+/// | `Sub(x, c)` | `x + (-c)` |
+/// | `Sub(c, x)` | `-x + c` |
+/// | `Mul(x, c)`, `Mul(c, x)`, `c ≠ 0` | `x * c` |
+/// | `Div(x, c)`, `c ≠ 0` | `x / c` |
+/// | `Neg(x)` | `-x` |
+/// | `Relu(x)` | `max(x, 0)` |
+/// | `Clip(x, lo, hi)` | `min(max(x, lo), hi)`, either bound absent |
+/// | `HardSigmoid(x)` | `min(max(x * alpha + beta, 0), 1)` |
+pub(crate) fn monotone_input(g: &Graph, node: &qforge_ir::Node) -> Option<(ValueId, Monotone)> {
+    use Step::*;
+    if !(node.domain.is_empty() || node.domain == "ai.onnx") || node.outputs.len() != 1 {
+        return None;
+    }
+    let variable = |i: usize| node.input(i).filter(|&v| g.value(v).is_ok_and(|x| !x.is_constant()));
+    let scalar = |i: usize| -> Option<f32> {
+        let t = g.value(node.input(i)?).ok().filter(|v| v.is_constant())?.initializer()?;
+        match t.as_slice::<f32>().ok()? {
+            [c] if c.is_finite() => Some(*c),
+            _ => None,
+        }
+    };
+    let nonzero = |c: f32| (c != 0.0).then_some(c);
+    // An optional scalar input: absent, or a constant.
+    let bound = |i: usize| -> Option<Option<f32>> { if node.input(i).is_none() { Some(None) } else { scalar(i).map(Some) } };
+    let (x, steps) = match (node.op_type.as_str(), node.inputs.len(), variable(0), variable(1)) {
+        ("Add", 2, Some(x), None) => (x, vec![Add(scalar(1)?)]),
+        ("Add", 2, None, Some(x)) => (x, vec![Add(scalar(0)?)]),
+        ("Sub", 2, Some(x), None) => (x, vec![Add(-scalar(1)?)]),
+        ("Sub", 2, None, Some(x)) => (x, vec![Neg, Add(scalar(0)?)]),
+        ("Mul", 2, Some(x), None) => (x, vec![Mul(nonzero(scalar(1)?)?)]),
+        ("Mul", 2, None, Some(x)) => (x, vec![Mul(nonzero(scalar(0)?)?)]),
+        ("Div", 2, Some(x), None) => (x, vec![Div(nonzero(scalar(1)?)?)]),
+        ("Neg", 1, Some(x), _) => (x, vec![Neg]),
+        ("Relu", 1, Some(x), _) => (x, vec![Max(0.0)]),
+        ("Clip", 1..=3, Some(x), _) if node.attr("min").is_none() && node.attr("max").is_none() => {
+            (x, [bound(1)?.map(Max), bound(2)?.map(Min)].into_iter().flatten().collect())
+        }
+        ("Clip", 1, Some(x), _) => (x, [node.attr_float("min").map(Max), node.attr_float("max").map(Min)].into_iter().flatten().collect()),
+        ("HardSigmoid", 1, Some(x), _) => (x, vec![Mul(nonzero(node.attr_float("alpha").unwrap_or(0.2))?), Add(node.attr_float("beta").unwrap_or(0.5)), Max(0.0), Min(1.0)]),
+        _ => return None,
+    };
+    Some((x, Monotone { steps }))
 }
 
 /// Whether `v` is read only by a clamping op (Relu, Clip) whose output is in the same group
@@ -538,6 +672,48 @@ impl Hooks for Calibrator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each op of [`monotone_input`]'s table on `x` and scalar constants gives its map; other
+    /// operands give none.
+    #[test]
+    fn monotone_inputs_read_the_op_table() {
+        use qforge_ir::{Attr, Node};
+        use Step::*;
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", None).unwrap();
+        let y = g.add_input("y", None).unwrap();
+        let c = g.add_initializer("c", Tensor::from_vec(&[1, 1], vec![2.5f32]).unwrap()).unwrap();
+        let zero = g.add_initializer("zero", Tensor::scalar(0.0f32)).unwrap();
+        let pair = g.add_initializer("pair", Tensor::from_vec(&[2], vec![1.0f32, 2.0]).unwrap()).unwrap();
+        let int = g.add_initializer("int", Tensor::scalar(3i64)).unwrap();
+        let node = |op: &str, inputs: &[Option<ValueId>], attrs: &[(&str, f32)]| {
+            let mut n = Node::new(op, op);
+            n.inputs = inputs.to_vec();
+            n.outputs = vec![None];
+            for &(a, v) in attrs {
+                n = n.with_attr(a, Attr::Float(v));
+            }
+            monotone_input(&g, &n).map(|(v, f)| (v, f.steps))
+        };
+        let (x_, c_, y_) = (Some(x), Some(c), Some(y));
+        assert_eq!(node("Add", &[x_, c_], &[]), Some((x, vec![Add(2.5)])));
+        assert_eq!(node("Add", &[c_, x_], &[]), Some((x, vec![Add(2.5)])));
+        assert_eq!(node("Sub", &[x_, c_], &[]), Some((x, vec![Add(-2.5)])));
+        assert_eq!(node("Sub", &[c_, x_], &[]), Some((x, vec![Neg, Add(2.5)])));
+        assert_eq!(node("Mul", &[c_, x_], &[]), Some((x, vec![Mul(2.5)])));
+        assert_eq!(node("Div", &[x_, c_], &[]), Some((x, vec![Div(2.5)])));
+        assert_eq!(node("Neg", &[x_], &[]), Some((x, vec![Neg])));
+        assert_eq!(node("Relu", &[x_], &[]), Some((x, vec![Max(0.0)])));
+        assert_eq!(node("Clip", &[x_, Some(zero), c_], &[]), Some((x, vec![Max(0.0), Min(2.5)])));
+        assert_eq!(node("Clip", &[x_, None, c_], &[]), Some((x, vec![Min(2.5)])));
+        assert_eq!(node("Clip", &[x_], &[("min", -1.0), ("max", 1.0)]), Some((x, vec![Max(-1.0), Min(1.0)])));
+        assert_eq!(node("HardSigmoid", &[x_], &[("alpha", 0.25)]), Some((x, vec![Mul(0.25), Add(0.5), Max(0.0), Min(1.0)])));
+        // Not a monotone map of one input: a constant over x, two inputs, a zero factor, a
+        // vector, an integer, or a clamp bound that is not a constant.
+        for (op, inputs) in [("Div", vec![c_, x_]), ("Add", vec![x_, y_]), ("Mul", vec![x_, Some(zero)]), ("Add", vec![x_, Some(pair)]), ("Add", vec![x_, Some(int)]), ("Clip", vec![x_, y_, c_])] {
+            assert_eq!(node(op, &inputs, &[]), None, "{op} {inputs:?}");
+        }
+    }
 
     #[test]
     fn softmax_rows_follow_the_axis_and_the_pre_13_flattening() {

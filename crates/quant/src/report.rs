@@ -52,6 +52,10 @@ pub struct ActivationRecord {
     /// it changes a result (a Softmax input more than `SOFTMAX_SPAN` below every row's
     /// maximum, or an attention mask added to one; see `QuantPlan::settle_floors`).
     pub floor: Option<f32>,
+    /// Set when the range was not observed but follows from another value's: the monotone map
+    /// (a scalar Add, Mul, Clip, Relu, ...) of that value, e.g. `min(max(conv_out + 3, 0), 6)`.
+    /// Its extremes are exact; a histogram's bins are the source's carried through the map.
+    pub derived: Option<String>,
 }
 
 /// One constant stored quantized.
@@ -401,6 +405,7 @@ impl Report {
                 fixed: grp.fixed.is_some(),
                 nonfinite: grp.observer.nonfinite(),
                 floor: grp.observer.extremes().filter(|_| grp.fixed.is_none()).and_then(|(lo, hi)| grp.floor_for(lo, hi)),
+                derived: grp.derived.clone(),
             });
         }
         self.skipped.extend(log.skipped.iter().map(|(v, why)| (graph.to_string(), v.clone(), why.clone())));
@@ -504,8 +509,11 @@ impl Report {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
         let _ = writeln!(s, "quantized {q} of {} nodes; {} activations with Q/DQ, {} constants stored quantized", self.nodes.len(), self.activations.len(), self.constants.len());
-        let _ = writeln!(s, "calibration: {} samples{} in {:.2} s; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights{}",
-            self.samples, if self.widened.is_empty() { "" } else { " (twice: again with the widened activations below)" }, self.calibration_seconds, self.total_seconds, self.opset.0, self.opset.1, self.affine_folded,
+        let derived = self.activations.iter().filter(|a| a.derived.is_some()).count();
+        let _ = writeln!(s, "calibration: {} samples{} in {:.2} s{}; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights{}",
+            self.samples, if self.widened.is_empty() { "" } else { " (twice: again with the widened activations below)" }, self.calibration_seconds,
+            if derived > 0 { format!(" ({derived} activation ranges derived, not observed: scalar maps of observed ones, the report's 'derived')") } else { String::new() },
+            self.total_seconds, self.opset.0, self.opset.1, self.affine_folded,
             if self.matmul_add_fused > 0 { format!("; {} MatMul+Add pair(s) made Gemm", self.matmul_add_fused) } else { String::new() });
         let mut float: BTreeMap<(String, String), usize> = BTreeMap::new();
         for n in self.nodes.iter().filter(|n| !n.quantized) {

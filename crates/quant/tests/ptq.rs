@@ -811,3 +811,80 @@ fn a_float16_model_is_quantized_computing_in_float32_behind_its_float16_interfac
         assert!(s16 > s32 - 1.0 && s16 > 20.0, "float16: {s16:.1} dB, float32: {s32:.1} dB");
     }
 }
+
+/// A scalar constant of the main graph.
+fn scalar(g: &mut Graph, name: &str, v: f32) -> ValueId {
+    g.add_initializer(name, Tensor::from_vec(&[], vec![v]).unwrap()).unwrap()
+}
+
+/// Activations that a scalar Add, Clip or Mul computes from another observed one (a hardswish
+/// written out, then an affine) are not observed: their ranges follow from the source's (with
+/// `mse`, not through a scale by -0.4). The report names each one's map, and its observed
+/// extremes equal those ONNX Runtime computes for the value on the calibration samples, with
+/// `minmax` and `mse`.
+#[test]
+fn ranges_of_scalar_maps_of_an_observed_activation_follow_from_it() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 3, 8, 8]);
+    let w = weight(&mut g, "w", &[4, 3, 3, 3], 21);
+    let b = weight(&mut g, "b", &[4], 22);
+    let y = op(&mut g, "Conv", "conv", &[x, w, b]);
+    let three = scalar(&mut g, "three", 3.0);
+    let a = op(&mut g, "Add", "gate_shift", &[y, three]);
+    let (zero, six) = (scalar(&mut g, "zero", 0.0), scalar(&mut g, "six", 6.0));
+    let c = op(&mut g, "Clip", "gate", &[a, zero, six]);
+    let m = op(&mut g, "Mul", "swish", &[y, c]);
+    let k = scalar(&mut g, "k", -0.4);
+    let s = op(&mut g, "Mul", "scale", &[k, m]);
+    let t = scalar(&mut g, "t", -0.25);
+    let o = op(&mut g, "Add", "shift", &[s, t]);
+    let w2 = weight(&mut g, "w2", &[2, 4, 1, 1], 23);
+    let out = op(&mut g, "Conv", "conv2", &[o, w2]);
+    g.set_outputs(vec![out]).unwrap();
+    let float = model(g, 13);
+    // The reference: every intermediate value as computed by ONNX Runtime.
+    let tmp = TempDir::new("ptq_derived");
+    let mut probe = float.clone();
+    let names = ["conv_out", "gate_shift_out", "gate_out", "swish_out", "scale_out", "shift_out"];
+    probe.graph.set_outputs(names.iter().map(|n| probe.graph.value_by_name(n).unwrap()).collect()).unwrap();
+    let path = tmp.path().join("probe.onnx");
+    qforge_onnx::save(&probe, &path).unwrap();
+    let samples = qforge_testkit::seeded_feeds(&[("x", &[1, 3, 8, 8])], 4);
+    let mut extremes = std::collections::HashMap::<String, (f32, f32)>::new();
+    for feed in &samples {
+        for (name, v) in qforge_testkit::ort_run(&path, feed, 1) {
+            let e = extremes.entry(name).or_insert((f32::INFINITY, f32::NEG_INFINITY));
+            for &x in v.as_slice::<f32>().unwrap() {
+                *e = (e.0.min(x), e.1.max(x));
+            }
+        }
+    }
+    let backend = BackendConfig::load("ort").unwrap();
+    for range in [RangeName::Minmax, RangeName::Mse] {
+        let q = ConfigQuantizer { mapping: default_mapping(&backend, range, true), backend: backend.clone() };
+        let (_, report) = quantize(&float, &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+        let record = |v: &str| report.activations.iter().find(|r| r.value == v).unwrap_or_else(|| panic!("{v} is not quantized"));
+        let derived: Vec<(&str, Option<&str>)> = names.iter().map(|&n| (n, record(n).derived.as_deref())).collect();
+        // A histogram's bins are not carried through a scale other than a power of two.
+        let (scaled, shifted) = match range {
+            RangeName::Minmax => (Some("swish_out * -0.4"), "swish_out * -0.4 - 0.25"),
+            _ => (None, "scale_out - 0.25"),
+        };
+        assert_eq!(derived, [
+            ("conv_out", None),
+            // One group: the Clip's output shares its input's qparams.
+            ("gate_shift_out", Some("min(max(conv_out + 3, 0), 6)")),
+            ("gate_out", Some("min(max(conv_out + 3, 0), 6)")),
+            ("swish_out", None),
+            ("scale_out", scaled),
+            ("shift_out", Some(shifted)),
+        ], "{range:?}");
+        for n in names {
+            // The Clip's group observes what the Clip outputs.
+            let of = if n == "gate_shift_out" { "gate_out" } else { n };
+            let (want, got) = (extremes[of], record(n).observed.unwrap());
+            let tolerance = 1e-5 * want.0.abs().max(want.1.abs()).max(1.0);
+            assert!((want.0 - got.0).abs() <= tolerance && (want.1 - got.1).abs() <= tolerance, "{range:?} {n}: ONNX Runtime's extremes {want:?}, qforge's {got:?}");
+        }
+    }
+}

@@ -6,10 +6,12 @@
 
 mod histogram;
 mod minmax;
+mod monotone;
 pub mod search;
 
 pub use histogram::Histogram;
 pub use minmax::MinMax;
+pub use monotone::{Monotone, Step};
 
 /// A run of `len` elements at stride `stride`, repeated: the channel layout of a tensor seen
 /// along one axis. `outer` blocks of `channels * inner` elements.
@@ -118,6 +120,9 @@ pub enum Observer {
     /// per observed tensor, in calibration order. Order-dependent, so it does not merge.
     MovingAverage { averaging_constant: f32, min: f32, max: f32, seen: bool },
     Histogram { histogram: Histogram, range: RangeMethod },
+    /// The state of a monotone map's output, from the observed state of its input (see
+    /// [`Observer::mapped`]). Made after calibration; it neither observes nor merges.
+    Mapped { source: Box<Observer>, map: Monotone },
 }
 
 impl Observer {
@@ -159,6 +164,7 @@ impl Observer {
                 histogram.merge(&tensor).expect("the same max_bins");
             }
             Observer::Histogram { histogram, .. } => histogram.observe(data),
+            Observer::Mapped { .. } => debug_assert!(false, "a mapped state is derived, not observed"),
             Observer::MinMax(m) if data.len() > 2 * CHUNK => {
                 let part = data.par_chunks(CHUNK).map(|c| {
                     let mut o = MinMax::new(None);
@@ -192,6 +198,7 @@ impl Observer {
             (Observer::MinMax(a), Observer::MinMax(b)) => a.merge(b),
             (Observer::Histogram { histogram: a, .. }, Observer::Histogram { histogram: b, .. }) => a.merge(b),
             (Observer::MovingAverage { .. }, _) => Err("moving-average observers depend on sample order and cannot be merged".into()),
+            (Observer::Mapped { .. }, _) | (_, Observer::Mapped { .. }) => Err("a mapped state is derived after calibration and does not merge".into()),
             _ => Err("cannot merge observers of different kinds".into()),
         }
     }
@@ -202,6 +209,7 @@ impl Observer {
             Observer::MinMax(m) => m.range(),
             Observer::MovingAverage { min, max, seen, .. } => seen.then_some((*min, *max)),
             Observer::Histogram { histogram: h, .. } => (h.min <= h.max).then_some((h.min, h.max)),
+            Observer::Mapped { source, map } => source.extremes().map(|(lo, hi)| map.image(lo, hi)),
         }
     }
 
@@ -211,11 +219,18 @@ impl Observer {
     /// mostly empty bins clips on noise.
     pub fn range(&self, levels: usize) -> Option<(f32, f32)> {
         let (min, max) = self.extremes()?;
-        let Observer::Histogram { histogram: h, range } = self else { return Some((min, max)) };
-        if h.total() < h.max_bins as u64 {
+        let (h, range, map) = match self {
+            Observer::Histogram { histogram, range } => (histogram, range, None),
+            Observer::Mapped { source, map } => match &**source {
+                Observer::Histogram { histogram, range } => (histogram, range, Some(map)),
+                _ => return Some((min, max)),
+            },
+            _ => return Some((min, max)),
+        };
+        if h.total() < h.max_bins as u64 || min == max {
             return Some((min, max));
         }
-        let (counts, lo, hi) = h.uniform();
+        let (counts, lo, hi) = map.map_or_else(|| h.uniform(), |f| f.bins(h));
         let bins = search::UniformBins { counts: &counts, min: lo, max: hi };
         let (a, b) = match *range {
             RangeMethod::MinMax => return Some((min, max)),
@@ -226,6 +241,7 @@ impl Observer {
                 (range, g) if g >= gain => range,
                 _ => return Some((min, max)),
             },
+            // A mapped state is never an entropy one (see `Observer::mapped`).
             RangeMethod::Entropy => {
                 let (mut sym, t) = search::symmetric_bins(h);
                 search::flatten_zero_bin(&mut sym);
@@ -245,6 +261,7 @@ impl Observer {
             Observer::MinMax(m) => m.nonfinite,
             Observer::Histogram { histogram, .. } => histogram.nonfinite,
             Observer::MovingAverage { .. } => 0,
+            Observer::Mapped { source, .. } => source.nonfinite(),
         }
     }
 }
