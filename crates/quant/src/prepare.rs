@@ -13,8 +13,8 @@
 //! value into its groups' observers. A value of a subgraph read from an enclosing graph is
 //! watched where it is defined. A group whose one observed value is a monotone map of a value
 //! another group observes alone (`x + 3`, `clip(x, 0, 6)`, `0.4 * x`: see [`monotone_input`])
-//! is not watched: its state is derived from that group's after calibration, which then reads
-//! half the activations of a hardswish written out as Add, Clip, Mul.
+//! is not watched: its state is derived from that group's after calibration, which then does
+//! not read the gate `clip(x + 3, 0, 6)` of a hardswish written out as Add, Clip, Mul.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
