@@ -170,6 +170,12 @@ fn window_of(g: &Graph, n: &Node) -> Result<Window, String> {
 }
 
 impl InputMeans {
+    /// The values of the main graph whose statistics are collected.
+    pub(crate) fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        let main = self.paths.iter().position(|p| p.is_empty());
+        self.watch.keys().filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
+    }
+
     /// Empty statistics for every weighted node of `plan` (whose graphs are those of `main`,
     /// in [`graphs`] order) with a bias: Conv and Gemm get a watch on their activation input,
     /// the others are listed in [`InputMeans::skipped`].

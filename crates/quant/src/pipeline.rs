@@ -2,10 +2,10 @@
 //! `fuse -> annotate -> prepare -> calibrate -> convert`, over the main graph and every
 //! If/Loop subgraph, with a [`Report`] of what was done.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
-use qforge_ir::{Graph, GraphPath, Model, NodeId, Tensor};
+use qforge_ir::{Graph, GraphPath, Model, NodeId, Tensor, ValueId};
 use qforge_runtime::{Hooks, NodeEvent, Session, SessionOptions, Value, ValueEvent};
 use rayon::prelude::*;
 
@@ -260,7 +260,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let mut calibrate_plan = |annotated: &[Annotations]| -> Result<(QuantPlan, InputStats, Vec<CheckSample>), QuantizeError> {
         let mut plan = QuantPlan::new(&m.graph, annotated.to_vec(), m.opset("").unwrap_or(1));
         let mut stats = InputStats::for_plan(&m, &plan, samples.len(), opts);
-        let kept = calibrate_samples(&session, &mut plan, &mut stats, samples, opts.threads, &checked, progress)?;
+        let kept = calibrate_samples(&session, &m, &mut plan, &mut stats, samples, opts.threads, &checked, progress)?;
         plan.derive_observations();
         plan.settle_floors(&m.graph);
         Ok((plan, stats, kept))
@@ -381,8 +381,10 @@ const CALIBRATION_WORKERS: usize = 2;
 /// error reported is that of the first failing sample.
 /// `stats` collects the input statistics of weight quantization in the same runs. Returns the
 /// samples `keep` names with the float outputs of their runs, in sample order.
-fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, threads: usize, keep: &[usize], progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<CheckSample>, QuantizeError> {
+fn calibrate_samples(session: &Session, model: &Model, plan: &mut QuantPlan, stats: &mut InputStats, samples: &dyn SampleSource, threads: usize, keep: &[usize], progress: &mut dyn FnMut(usize, usize)) -> Result<Vec<CheckSample>, QuantizeError> {
     let n = samples.len();
+    let watched: HashSet<ValueId> = plan.main_graph_values().chain(stats.main_graph_values()).collect();
+    let watch = session.watching(model, &watched);
     let workers = if plan.mergeable() && threads != 1 { CALIBRATION_WORKERS.min(n) } else { 1 };
     let kept: std::sync::Mutex<Vec<(usize, CheckSample)>> = std::sync::Mutex::new(vec![]);
     let run_one = |plan: &mut QuantPlan, stats: &mut InputStats, i: usize| -> Result<(), QuantizeError> {
@@ -390,7 +392,7 @@ fn calibrate_samples(session: &Session, plan: &mut QuantPlan, stats: &mut InputS
         let mut hooks = WithInputStats { inner: plan.calibrator(), stats };
         let kept_feed = keep.contains(&i).then(|| feed.clone());
         let feed = feed.into_iter().map(|(name, t)| (name, Value::Tensor(t))).collect();
-        let float = session.run_values_with_hooks(feed, &mut hooks).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })?;
+        let float = session.run_values_watching(&watch, feed, &mut hooks).map_err(|e| QuantizeError::Sample { sample: samples.name(i), reason: e.to_string() })?;
         if let Some(feed) = kept_feed {
             kept.lock().expect("no worker panics holding it").push((i, CheckSample { name: samples.name(i), feed, float }));
         }
@@ -456,6 +458,12 @@ pub struct InputStats {
 }
 
 impl InputStats {
+    /// The values of the main graph whose statistics are collected.
+    fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        let means = self.means.iter().flat_map(|m| m.main_graph_values());
+        means.chain(self.grams.iter().flat_map(|g| g.main_graph_values()))
+    }
+
     /// Empty statistics of what `opts` asks weight quantization to use, for the nodes of `plan`
     /// in the fused model `m`, calibrated on `samples` samples.
     fn for_plan(m: &Model, plan: &QuantPlan, samples: usize, opts: &QuantizeOptions) -> InputStats {

@@ -175,6 +175,12 @@ fn reader_of(g: &Graph, n: &Node) -> Result<(Reader, usize), String> {
 }
 
 impl InputGrams {
+    /// The values of the main graph whose statistics are collected.
+    pub(crate) fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        let main = self.paths.iter().position(|p| p.is_empty());
+        self.watch.keys().filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
+    }
+
     /// Empty statistics for every Conv, ConvTranspose, Gemm and MatMul of `plan` (whose graphs
     /// are those of `main`, in [`Graph::graphs`] order) with a quantized constant weight at
     /// input 1, for calibration on

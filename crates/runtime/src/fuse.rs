@@ -68,12 +68,13 @@ struct Group {
 }
 
 impl Plan {
-    /// A copy of this plan for runs without hooks, with elementwise chains fused (see the
-    /// module documentation); `None` when nothing fuses. Kernels of unfused steps are
-    /// shared with this plan.
-    pub(crate) fn fused(&self, g: &Graph, opsets: &[OpsetImport]) -> Option<Plan> {
+    /// A copy of this plan with elementwise chains fused (see the module documentation) that
+    /// still materializes the graph outputs and the values of the `kept` slots; `None` when
+    /// nothing fuses. Kernels of unfused steps are shared with this plan.
+    pub(crate) fn fused(&self, g: &Graph, opsets: &[OpsetImport], kept: &HashSet<usize>) -> Option<Plan> {
         let consts: HashMap<usize, &Tensor> = self.constants.iter().map(|(s, t)| (*s, t)).collect();
         let keep: HashSet<usize> = self.outputs.iter().map(|o| o.1).collect();
+        let boundaries: HashSet<usize> = keep.iter().chain(kept).copied().collect();
         let mut readers: Vec<Vec<usize>> = vec![vec![]; self.slots];
         for (i, s) in self.steps.iter().enumerate() {
             for v in s.inputs.iter().flatten().chain(&s.captures).copied() {
@@ -83,7 +84,7 @@ impl Plan {
             }
         }
         let ew: Vec<Option<Ew>> = self.steps.iter().map(|s| classify(s, g, opsets, &consts)).collect();
-        let ctx = Fuser { plan: self, readers: &readers, keep: &keep, ew: &ew, consts: &consts };
+        let ctx = Fuser { plan: self, readers: &readers, keep: &boundaries, ew: &ew, consts: &consts };
         let mut assigned = vec![false; self.steps.len()];
         let mut groups: Vec<Group> = vec![];
         for i in 0..self.steps.len() {
@@ -151,7 +152,7 @@ struct Fuser<'a> {
     plan: &'a Plan,
     /// Steps reading each slot (run-time values only).
     readers: &'a [Vec<usize>],
-    /// Graph outputs, which must stay materialized.
+    /// Graph outputs and kept values, which must stay materialized.
     keep: &'a HashSet<usize>,
     ew: &'a [Option<Ew>],
     consts: &'a HashMap<usize, &'a Tensor>,
@@ -585,6 +586,67 @@ mod tests {
         fn on_value(&mut self, event: &ValueEvent, _: &Tensor) -> Option<Tensor> {
             self.0.insert(event.name.to_string());
             None
+        }
+    }
+
+    /// Records every value a run reports, by name.
+    struct Values(std::collections::BTreeMap<String, Tensor>);
+
+    impl Hooks for Values {
+        fn on_value(&mut self, event: &ValueEvent, t: &Tensor) -> Option<Tensor> {
+            self.0.insert(event.name.to_string(), t.clone());
+            None
+        }
+    }
+
+    /// `x -> Conv -> c`, then a hardswish written out, `m = c * clip(c + 3, 0, 6)`, and
+    /// `y = relu(m)`.
+    fn conv_hardswish_relu() -> qforge_ir::Model {
+        use qforge_ir::{Graph, Model, Node, OpsetImport};
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", None).unwrap();
+        let w: Vec<f32> = (0..4 * 2 * 9).map(|i| ((i * 37) % 17) as f32 / 8.0 - 1.0).collect();
+        let w = g.add_initializer("w", Tensor::from_vec(&[4, 2, 3, 3], w).unwrap()).unwrap();
+        let three = g.add_initializer("three", Tensor::scalar(3.0f32)).unwrap();
+        let (zero, six) = (g.add_initializer("zero", Tensor::scalar(0.0f32)).unwrap(), g.add_initializer("six", Tensor::scalar(6.0f32)).unwrap());
+        let node = |g: &mut Graph, op: &str, inputs: Vec<qforge_ir::ValueId>, out: &str| {
+            let v = g.new_value(out, None).unwrap();
+            let mut n = Node::new(op, out).with_outputs([v]);
+            n.inputs = inputs.into_iter().map(Some).collect();
+            g.add_node(n).unwrap();
+            v
+        };
+        let c = node(&mut g, "Conv", vec![x, w], "c");
+        let a = node(&mut g, "Add", vec![c, three], "a");
+        let k = node(&mut g, "Clip", vec![a, zero, six], "k");
+        let m = node(&mut g, "Mul", vec![c, k], "m");
+        let y = node(&mut g, "Relu", vec![m], "y");
+        g.set_outputs(vec![y]).unwrap();
+        Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() }
+    }
+
+    #[test]
+    fn watched_runs_report_the_watched_values_of_a_full_hook_run_and_fuse_the_rest() {
+        let model = conv_hardswish_relu();
+        let session = Session::new(&model).unwrap();
+        let data: Vec<f32> = (0..2 * 6 * 7).map(|i| ((i * 7919) % 1000) as f32 / 150.0 - 3.0).collect();
+        let feed = vec![("x".to_string(), crate::Value::Tensor(Tensor::from_vec(&[1, 2, 6, 7], data).unwrap()))];
+        let mut all = Values(Default::default());
+        let full = session.run_values_with_hooks(feed.clone(), &mut all).unwrap();
+        assert!(["x", "c", "a", "k", "m", "y"].iter().all(|v| all.0.contains_key(*v)), "{:?}", all.0.keys());
+        let id = |name: &str| model.graph.values().find(|(_, v)| v.name == name).map(|(id, _)| id).unwrap();
+        for (watched, fused_away) in [(vec!["c", "m"], vec!["a", "k"]), (vec!["m"], vec!["c", "a", "k"]), (vec![], vec!["c", "a", "k", "m"])] {
+            let watch = session.watching(&model, &watched.iter().map(|v| id(v)).collect());
+            let mut seen = Values(Default::default());
+            let out = session.run_values_watching(&watch, feed.clone(), &mut seen).unwrap();
+            // The elementwise ops compute the same f32 expressions, fused or not.
+            assert_eq!(out[0].1.as_tensor(), full[0].1.as_tensor(), "watching {watched:?}");
+            for v in watched.iter().chain(&["x", "y"]) {
+                assert_eq!(seen.0.get(*v), all.0.get(*v), "watching {watched:?}: value {v}");
+            }
+            for v in &fused_away {
+                assert!(!seen.0.contains_key(*v), "watching {watched:?}: {v} was materialized");
+            }
         }
     }
 

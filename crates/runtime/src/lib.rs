@@ -27,7 +27,7 @@ pub use hooks::{Hooks, NodeEvent, ValueEvent};
 pub use lower_qoperator::{lower_qoperator, lower_qoperator_with, LowerError, LowerLog, LowerOptions, Lowered, NotLowered, Composed};
 pub use kernel::{value_kernel, HookSink, Kernel, KernelBuilder, NodeInfo, Registry, RunCtx, ValueKernel, LATEST};
 pub use plan::{opset_of, Folding, Plan, StepTime, NONDETERMINISTIC};
-pub use session::{RunValues, Session, SessionOptions};
+pub use session::{RunValues, Session, SessionOptions, Watch};
 pub use value::{Sequence, Value};
 
 /// The domain of operators that only sessions create, in the graphs they plan (never in

@@ -16,6 +16,12 @@ pub struct SessionOptions {
     pub threads: usize,
 }
 
+/// A session's plan for hook runs that watch only some values (see [`Session::watching`]).
+pub struct Watch {
+    /// `None` when nothing fuses: such runs use the session's plan for hooks.
+    plan: Option<Plan>,
+}
+
 /// Every value of one run of a session's main graph (see [`Session::run_keeping`]).
 pub struct RunValues {
     table: Vec<Option<Value>>,
@@ -51,6 +57,8 @@ pub struct Session {
     /// The plan for runs without hooks, when anything lowers or fuses.
     pub(crate) fused: Option<Plan>,
     lowering: Option<LowerLog>,
+    /// Whether the session fuses elementwise chains (constants folded, fusion not turned off).
+    fuses: bool,
     pool: rayon::ThreadPool,
 }
 
@@ -74,7 +82,7 @@ impl Session {
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()
             .map_err(|e| RuntimeError::Kernel(format!("cannot start {threads} worker threads: {e}")))?;
-        Ok(Session { plan, fused, lowering, pool })
+        Ok(Session { plan, fused, lowering, fuses: fuse, pool })
     }
 
     /// The plan for runs without hooks, and the lowering it ran when the model has QDQ units:
@@ -99,12 +107,12 @@ impl Session {
                 let changed = !log.lowered.is_empty() || log.pairs_removed > 0;
                 let planned = changed.then(|| Plan::build_with(&lowered.graph, &lowered.opset_imports, Registry::builtin(), &Default::default(), Folding::Constants));
                 if let Some(Ok(lp)) = planned.filter(|p| p.as_ref().is_ok_and(|p| same_interface(p, plan))) {
-                    let fused = lp.fused(&lowered.graph, &lowered.opset_imports).unwrap_or(lp);
+                    let fused = lp.fused(&lowered.graph, &lowered.opset_imports, &HashSet::new()).unwrap_or(lp);
                     return (Some(fused), Some(log));
                 }
             }
         }
-        (plan.fused(&model.graph, &model.opset_imports), None)
+        (plan.fused(&model.graph, &model.opset_imports, &HashSet::new()), None)
     }
 
     /// What the session's QDQ lowering did, when the model has QDQ units and runs without
@@ -147,6 +155,33 @@ impl Session {
     /// it).
     pub fn run_values_with_hooks(&self, inputs: Vec<(String, Value)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Value)>> {
         self.run_inner(inputs, Some(hooks), None)
+    }
+
+    /// A plan for hook runs that need to see only `values` of the main graph, built from this
+    /// session's plan of `model` (which must be the model the session was created from):
+    /// chains of f32 elementwise ops that produce none of `values` are fused, as in runs
+    /// without hooks (see [`Session`]), and their intermediate values are never materialized.
+    /// Hooks of [`Session::run_values_watching`] see `values`, the graph inputs and outputs,
+    /// every value of If/Loop bodies, and the outputs of the steps that did not fuse. Fused
+    /// chains change results by rounding at most, where a per-channel affine op folds into a
+    /// Conv's weights.
+    pub fn watching(&self, model: &Model, values: &HashSet<ValueId>) -> Watch {
+        let planned_from = |m: &Model| self.plan.steps.iter().all(|s| m.graph.node(s.node).is_ok_and(|n| n.op_type == s.op));
+        let kept: HashSet<usize> = (0..self.plan.slots).filter(|&s| values.contains(&self.plan.value_ids[s])).collect();
+        let plan = (self.fuses && planned_from(model)).then(|| self.plan.fused(&model.graph, &model.opset_imports, &kept)).flatten();
+        Watch { plan }
+    }
+
+    /// [`Session::run_values_with_hooks`] on the plan of `watch`, from [`Session::watching`] of
+    /// this session: `hooks` sees the values `watch` was made for (and may replace them) but
+    /// not the intermediate values of fused chains. Hooks that supply outputs
+    /// ([`Hooks::supply`]) need every node: they must use [`Session::run_values_with_hooks`].
+    pub fn run_values_watching(&self, watch: &Watch, inputs: Vec<(String, Value)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Value)>> {
+        let Some(plan) = &watch.plan else { return self.run_inner(inputs, Some(hooks), None) };
+        let feeds = self.feeds(inputs)?;
+        let no_scope = |_: &str| None;
+        let outs = self.enter(|| plan.run_profiled(feeds, &no_scope, Some(hooks), None))?;
+        Ok(self.named(outs))
     }
 
     /// [`Session::run`], also returning the wall time of every executed node.
