@@ -291,7 +291,6 @@ impl QuantPlan {
         }
     }
 
-    /// Hooks that stream watched values into the observers.
     /// The values of the main graph that [`QuantPlan::calibrator`] reads: the observed ones and
     /// the tracked inputs of shared-qparams nodes.
     pub fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
@@ -299,6 +298,7 @@ impl QuantPlan {
         self.watch.keys().chain(&self.tracked).filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
     }
 
+    /// Hooks that stream watched values into the observers.
     pub fn calibrator(&mut self) -> Calibrator<'_> {
         Calibrator { plan: self }
     }

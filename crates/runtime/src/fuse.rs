@@ -1,12 +1,14 @@
-//! Session-build-time fusion of f32 elementwise chains, for runs without hooks.
+//! Fusion of f32 elementwise chains, for runs without hooks and runs whose hooks watch only
+//! some values.
 //!
 //! [`Plan::fused`] derives from a planned graph a second plan in which chains of elementwise
 //! steps (Add/Sub/Mul/Div with constants or with each other, Relu, Clip, Sigmoid, Tanh,
 //! Erf, HardSigmoid, HardSwish, LeakyRelu, inference BatchNormalization) run as one step: as the
 //! epilogue of the Conv that produces their input, applied to each output block while it is
 //! in cache, or as one fused elementwise pass. The values inside a fused group are never
-//! materialized, so the fused plan serves only runs that no hook observes; runs with hooks
-//! use the original plan and see every value.
+//! materialized, so a fused plan serves runs without hooks (sessions build one) and runs whose
+//! hooks watch only values it keeps ([`crate::Session::watching`]); runs with other hooks use
+//! the original plan and see every value.
 //!
 //! Per-output-channel affine ops right after a Conv (BatchNormalization, Mul/Add/Sub/Div by
 //! a per-channel or scalar constant) are folded into its weight and bias, as ONNX Runtime
