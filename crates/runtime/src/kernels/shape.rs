@@ -405,15 +405,21 @@ pub(crate) fn concat_tensors(parts: &[&Tensor], ax: usize) -> RuntimeResult<Tens
         }
         return Tensor::from_strings(&out_shape, idx.into_iter().map(|i| flat[i].clone()).collect()).map_err(err);
     }
+    if first.dtype().bits() % 8 != 0 {
+        return Err(kernel_error(format!("cannot concatenate {} tensors: their elements are packed below a byte", first.dtype())));
+    }
     let width = first.dtype().bits() / 8;
-    let mut raw = Vec::with_capacity(out_shape.iter().product::<usize>() * width);
+    let mut out = Tensor::zeros(first.dtype(), &out_shape).map_err(err)?;
+    let raw = out.raw_bytes_mut().expect("a fresh numeric tensor is not shared");
+    let mut at = 0;
     for o in 0..outer {
         for p in parts {
             let block = p.len() / outer.max(1) * width;
-            raw.extend_from_slice(&p.raw_bytes().unwrap()[o * block..(o + 1) * block]);
+            raw[at..at + block].copy_from_slice(&p.raw_bytes().unwrap()[o * block..(o + 1) * block]);
+            at += block;
         }
     }
-    Tensor::from_raw(first.dtype(), &out_shape, &raw).map_err(err)
+    Ok(out)
 }
 
 /// Splits `x` along `ax` into pieces of the given sizes.
