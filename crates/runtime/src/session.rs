@@ -49,7 +49,8 @@ impl RunValues {
 ///   with per-channel affine ops folded into its weights, or into one pass), which changes
 ///   results by rounding at most.
 ///
-/// Runs with hooks use the plan of the graph as given, so hooks see every value. Setting the
+/// Runs with hooks use the plan of the graph as given, so hooks see every value, except runs
+/// with a [`Watch`] ([`Session::watching`]), which fuse the chains between the watched values. Setting the
 /// environment variable `QFORGE_NO_FUSION` (to anything) when a session is created turns both
 /// rewrites off, to compare.
 pub struct Session {
@@ -158,7 +159,8 @@ impl Session {
     }
 
     /// A plan for hook runs that need to see only `values` of the main graph, built from this
-    /// session's plan of `model` (which must be the model the session was created from):
+    /// session's plan of `model`, the model the session was created from (for another model,
+    /// runs with the returned `Watch` use the full hook plan):
     /// chains of f32 elementwise ops that produce none of `values` are fused, as in runs
     /// without hooks (see [`Session`]), and their intermediate values are never materialized.
     /// Hooks of [`Session::run_values_watching`] see `values`, the graph inputs and outputs,
