@@ -172,8 +172,7 @@ fn window_of(g: &Graph, n: &Node) -> Result<Window, String> {
 impl InputMeans {
     /// The values of the main graph whose statistics are collected.
     pub(crate) fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
-        let main = self.paths.iter().position(|p| p.is_empty());
-        self.watch.keys().filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
+        main_graph_values(&self.paths, self.watch.keys())
     }
 
     /// Empty statistics for every weighted node of `plan` (whose graphs are those of `main`,
@@ -308,6 +307,13 @@ impl InputMeans {
 }
 
 /// The index in `paths` (a plan's graph paths) of the graph a value event comes from.
+/// The values of `watched` (keyed by plan graph index, graphs at `paths`) that are in the
+/// main graph.
+pub(crate) fn main_graph_values<'a>(paths: &[GraphPath], watched: impl Iterator<Item = &'a (usize, ValueId)> + 'a) -> impl Iterator<Item = ValueId> + 'a {
+    let main = paths.iter().position(|p| p.is_empty());
+    watched.filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
+}
+
 pub(crate) fn plan_graph_of(paths: &[GraphPath], event: &ValueEvent) -> Option<usize> {
     paths.iter().position(|p| p.len() == event.path.len() && p.iter().zip(event.path).all(|(a, b)| a.0 == b.0 && a.1 == b.1))
 }

@@ -177,8 +177,7 @@ fn reader_of(g: &Graph, n: &Node) -> Result<(Reader, usize), String> {
 impl InputGrams {
     /// The values of the main graph whose statistics are collected.
     pub(crate) fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
-        let main = self.paths.iter().position(|p| p.is_empty());
-        self.watch.keys().filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
+        crate::bias_correction::main_graph_values(&self.paths, self.watch.keys())
     }
 
     /// Empty statistics for every Conv, ConvTranspose, Gemm and MatMul of `plan` (whose graphs

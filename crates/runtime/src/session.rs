@@ -179,11 +179,7 @@ impl Session {
     /// not the intermediate values of fused chains. Hooks that supply outputs
     /// ([`Hooks::supply`]) need every node: they must use [`Session::run_values_with_hooks`].
     pub fn run_values_watching(&self, watch: &Watch, inputs: Vec<(String, Value)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Value)>> {
-        let Some(plan) = &watch.plan else { return self.run_inner(inputs, Some(hooks), None) };
-        let feeds = self.feeds(inputs)?;
-        let no_scope = |_: &str| None;
-        let outs = self.enter(|| plan.run_profiled(feeds, &no_scope, Some(hooks), None))?;
-        Ok(self.named(outs))
+        self.run_plan(watch.plan.as_ref().unwrap_or(&self.plan), inputs, Some(hooks), None)
     }
 
     /// [`Session::run`], also returning the wall time of every executed node.
@@ -233,12 +229,17 @@ impl Session {
     }
 
     fn run_inner(&self, inputs: Vec<(String, Value)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Value)>> {
-        let feeds = self.feeds(inputs)?;
-        let no_scope = |_: &str| None;
         let plan = match (&hooks, &self.fused) {
             (None, Some(fused)) => fused,
             _ => &self.plan,
         };
+        self.run_plan(plan, inputs, hooks, profile)
+    }
+
+    /// Runs `plan`, this session's or one derived from it, on named inputs.
+    fn run_plan(&self, plan: &Plan, inputs: Vec<(String, Value)>, hooks: Option<&mut dyn Hooks>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<(String, Value)>> {
+        let feeds = self.feeds(inputs)?;
+        let no_scope = |_: &str| None;
         let outs = self.enter(|| plan.run_profiled(feeds, &no_scope, hooks, profile))?;
         Ok(self.named(outs))
     }
