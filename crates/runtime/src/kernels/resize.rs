@@ -3,7 +3,7 @@
 
 use qforge_ir::DType;
 use super::elementwise::{from_f32, to_f32, values_f32, values_from_f32};
-use super::util::{input, ints, kernel, opt_input, par_chunks_mut, tensor};
+use super::util::{assume_init, input, ints, kernel, opt_input, par_chunks_mut, tensor, uninit};
 use crate::{kernel_error, Kernel, NodeInfo, Registry, RuntimeResult, LATEST};
 
 /// Registers Resize and Upsample.
@@ -156,30 +156,48 @@ fn antialiased_taps(p: &Params, x_ori: f32, in_len: usize, scale: f32) -> Vec<(u
 }
 
 /// Nearest-neighbour resize as one gather: `tables[a][o]` is the source index along axis `a`
-/// of output index `o`. Output rows are filled in parallel. Any element type: 8-bit tensors
-/// are gathered as bytes, other types as their `f32` values.
-fn nearest<T: Copy + Default + Send + Sync>(x: &[T], s: &[usize], out: &[usize], tables: &[Vec<usize>]) -> Vec<T> {
+/// of output index `o`. Output rows are filled in parallel, a run of rows per task; a row
+/// whose source row is the one before it (a height scaled up) is a copy of that row. Any
+/// element type: 8-bit tensors are gathered as bytes, other types as their `f32` values.
+fn nearest<T: Copy + Send + Sync>(x: &[T], s: &[usize], out: &[usize], tables: &[Vec<usize>]) -> Vec<T> {
+    /// Output elements per task, in whole rows.
+    const TASK: usize = 1 << 14;
     let r = s.len();
     let (ow, last) = (out[r - 1], &tables[r - 1]);
     let n: usize = out.iter().product();
-    let mut dst = vec![T::default(); n];
     if n == 0 {
-        return dst;
+        return Vec::new();
     }
     let ist = super::shape::strides(s);
-    par_chunks_mut(&mut dst, ow, 1, || (), |_, row, d| {
-        let mut rem = row;
-        let mut off = 0;
+    // The flat offset of output row `row`'s source row.
+    let source = |row: usize| {
+        let (mut rem, mut off) = (row, 0);
         for a in (0..r - 1).rev() {
             off += tables[a][rem % out[a]] * ist[a];
             rem /= out[a];
         }
-        let src = &x[off..off + s[r - 1]];
-        for (o, &i) in d.iter_mut().zip(last) {
-            *o = src[i];
+        off
+    };
+    let rows = (TASK / ow).max(1);
+    let mut dst = uninit::<T>(n);
+    par_chunks_mut(&mut dst, rows * ow, 1, || (), |_, task, d| {
+        let mut previous = None;
+        for (i, row) in (task * rows..).take(d.len() / ow).enumerate() {
+            let off = source(row);
+            let (done, rest) = d.split_at_mut(i * ow);
+            if previous == Some(off) {
+                rest[..ow].copy_from_slice(&done[(i - 1) * ow..]);
+            } else {
+                let src = &x[off..off + s[r - 1]];
+                for (o, &j) in rest[..ow].iter_mut().zip(last) {
+                    o.write(src[j]);
+                }
+            }
+            previous = Some(off);
         }
     });
-    dst
+    // SAFETY: every row of every task was gathered or copied from a gathered row.
+    unsafe { assume_init(dst) }
 }
 
 fn resize(info: &NodeInfo) -> RuntimeResult<Box<dyn Kernel>> {
