@@ -429,6 +429,39 @@ fn same_input_gives_the_same_bytes() {
     assert_eq!(q.opset, (11, 13), "per-axis weights raise the opset to 13");
 }
 
+/// A 3-D convolution (video, volumes) is quantized like a 2-D one: its weight per output
+/// channel, its bias int32. qforge's integer convolution kernel computes 1-D and 2-D ones, so
+/// the output check runs this unit as Q/DQ around the float kernel, and the quantized model's
+/// outputs in ONNX Runtime equal qforge's own within one output quantization step.
+#[test]
+fn three_d_convolutions_are_quantized_and_checked() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 2, 4, 6, 6]);
+    let w = weight(&mut g, "w", &[3, 2, 3, 3, 3], 21);
+    let b = weight(&mut g, "b", &[3], 22);
+    let c = op(&mut g, "Conv", "conv3d", &[x, w, b]);
+    let r = op(&mut g, "Relu", "relu", &[c]);
+    g.set_outputs(vec![r]).unwrap();
+    let m = model(g, 13);
+    let backend = BackendConfig::load("ort").unwrap();
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    let samples = qforge_testkit::seeded_feeds(&[("x", &[1, 2, 4, 6, 6])], 4);
+    let opts = QuantizeOptions { check_samples: 2, ..QuantizeOptions::default() };
+    let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, &samples, &opts, &mut |_, _| {}).unwrap();
+    assert_eq!(producer_of_input(&q, "conv3d", 1), "DequantizeLinear", "weight stored quantized");
+    assert_eq!(dq_scale(&q, "w").len(), 3, "one weight scale per output channel");
+    assert!(report.output_check.is_some(), "the output check ran");
+    let tmp = TempDir::new("ptq_conv3d");
+    let path = tmp.path().join("conv3d.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let feed = samples[0].clone();
+    let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
+    let theirs = ort_run_with(&path, &feed, 1, true);
+    let step = nearest_activation_step(&q, "relu_out");
+    let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64 * 1.01);
+    assert!(ok, "qforge and ONNX Runtime differ by {worst} (step {step})");
+}
+
 /// The quantization step of the activation DequantizeLinear nearest upstream of value `name`.
 fn nearest_activation_step(m: &Model, name: &str) -> f32 {
     let g = &m.graph;

@@ -691,6 +691,9 @@ fn lower_conv(ctx: &Ctx, id: NodeId) -> Result<Rewrite, String> {
     if wshape.len() < 3 {
         return Err(format!("weight of shape {wshape:?} is not a convolution kernel"));
     }
+    if wshape.len() > 4 {
+        return Err(format!("a {}-D convolution: qforge's {op} kernel computes 1-D and 2-D ones", wshape.len() - 2));
+    }
     let m = wshape[0];
     let bias = conv_bias(ctx, n.input(2), &x, &w.scales, m, op)?;
     let conv_attrs = attrs_named(n, &["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]);
