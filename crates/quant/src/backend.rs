@@ -157,8 +157,9 @@ pub struct BackendPatternConfig {
     pub observation: ObservationType,
     /// Names of entries of [`BackendConfig::dtype_configs`], in order of preference.
     pub dtype_configs: Vec<String>,
-    /// Input indices of the pattern's root that are weights. The root is the innermost op
-    /// along first inputs (`Conv` in `Relu(Conv)`), the one carrying weight and bias.
+    /// Input indices of the pattern's root that are weights when they are constants (one that
+    /// is not is quantized as an activation). The root is the innermost op along first inputs
+    /// (`Conv` in `Relu(Conv)`), the one carrying weight and bias.
     #[serde(default)]
     pub weight_inputs: Vec<usize>,
     /// Input indices of the root that are biases.

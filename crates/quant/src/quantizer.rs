@@ -56,13 +56,17 @@ pub trait Quantizer {
 
 /// The output-channel axis and the reduction (block) axis of a weight of rank `rank` read
 /// as input 1 of `node`: Conv `[M, C/g, k..]` (0, 1), ConvTranspose `[C, M/g, k..]` (1, 0),
-/// Gemm `[N, K]` with transB (0, 1) else (1, 0), MatMul `[.., K, N]` (last, last but one).
+/// Gemm `[N, K]` with transB (0, 1) else (1, 0), MatMul `[K, N]` (1, 0). A MatMul weight of
+/// higher rank `[.., K, N]` (a batched product) has no channel axis, only the block axis (last
+/// but one): ONNX Runtime's QLinearMatMul and MatMulIntegerToFloat take one zero point per
+/// column only for a 2-D B, and fail at run time on a 1-D one of a batched B.
 pub fn weight_axes(node: &Node, rank: usize) -> (Option<usize>, Option<usize>) {
     match node.op_type.as_str() {
         "Conv" if rank >= 2 => (Some(0), Some(1)),
         "ConvTranspose" if rank >= 2 => (Some(1), Some(0)),
         "Gemm" if rank == 2 => if node.attr_int("transB").unwrap_or(0) != 0 { (Some(0), Some(1)) } else { (Some(1), Some(0)) },
-        "MatMul" if rank >= 2 => (Some(rank - 1), Some(rank - 2)),
+        "MatMul" if rank == 2 => (Some(1), Some(0)),
+        "MatMul" if rank > 2 => (None, Some(rank - 2)),
         _ => (None, None),
     }
 }
@@ -211,7 +215,12 @@ impl ConfigQuantizer {
                     continue;
                 }
                 let is_root = pos == root_pos;
-                if is_root && p.weight_inputs.contains(&i) {
+                // A weight input that is not a constant (attention's keys in `Q x K^T`) is an
+                // activation: quantized like the others, so two activations meet in the
+                // target's activation type, as ONNX Runtime's and PyTorch's quantizers do.
+                let weight = is_root && p.weight_inputs.contains(&i);
+                let constant = g.value(v).is_ok_and(|x| x.is_constant());
+                if weight && constant {
                     let Some(wq) = q.weight.as_ref() else { return Err("the qconfig has no weight config".into()) };
                     let Some(wc) = dc.weight.as_ref() else { return Err("the dtype config keeps weights in float".into()) };
                     let rank = g.value(v).ok().and_then(|x| x.initializer().map(|t| t.rank())).unwrap_or(2);
@@ -224,11 +233,11 @@ impl ConfigQuantizer {
                     anns[pos].set_input(i, Spec::Quantize(spec));
                     anns.iter_mut().for_each(|a| a.weighted = true);
                 } else if is_root && p.bias_inputs.contains(&i) {
-                    if dc.bias.and_then(|b| b.qtype()) == Some(crate::QType::S32) && g.value(v).is_ok_and(|x| x.is_constant()) {
+                    if dc.bias.and_then(|b| b.qtype()) == Some(crate::QType::S32) && constant {
                         let weight = p.weight_inputs.first().copied().unwrap_or(1);
                         anns[pos].set_input(i, Spec::Derived { from: vec![Edge::Input { node: root, index: 0 }, Edge::Input { node: root, index: weight }], how: Derivation::BiasScale });
                     }
-                } else if !is_root || p.activation_inputs.as_ref().is_none_or(|a| a.contains(&i)) {
+                } else if !is_root || weight || p.activation_inputs.as_ref().is_none_or(|a| a.contains(&i)) {
                     let edge = Edge::Input { node: n, index: i };
                     let spec = match (p.observation, first_activation) {
                         (ObservationType::OutputShareObserverWithInput, Some(first)) => Spec::Shared(first),
@@ -236,6 +245,12 @@ impl ConfigQuantizer {
                     };
                     first_activation.get_or_insert(edge);
                     anns[pos].set_input(i, spec);
+                    // The op computes on integers as a weighted one does whether its weight
+                    // position holds an activation (`Q x K^T`) or its weight is a constant in
+                    // an activation position (`W x`).
+                    if is_root && (weight || constant && !p.weight_inputs.is_empty()) {
+                        anns.iter_mut().for_each(|a| a.weighted = true);
+                    }
                 }
             }
         }

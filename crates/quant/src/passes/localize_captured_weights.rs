@@ -75,7 +75,7 @@ fn localize_in(sub: &mut Graph, resolve: &dyn Fn(&str) -> Option<Tensor>) -> IrR
             continue;
         }
         let Some((name, w)) = sn.input(1).and_then(captured_const) else { continue };
-        if weight_axes(sn, w.shape().len()).0.is_none() {
+        if weight_axes(sn, w.shape().len()) == (None, None) {
             continue;
         }
         captured.entry(name).or_insert((w, vec![])).1.push((sid, 1));
