@@ -303,7 +303,7 @@ pub struct ConvertLog {
     pub narrow_weight_channels: Vec<(String, String, String, usize, usize, u64)>,
     /// Weights fitted to the target's `pair_sum_max` ([`crate::pair_sums`]): (node, op, weight,
     /// parameters whose scale rose, parameters, pairs projected onto the constraint).
-    pub pair_sums_fitted: Vec<(String, String, String, usize, usize, usize)>,
+    pub pair_sums_fitted: Vec<PairSumsRecord>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
     /// Whether `com.microsoft` Q/DQ nodes were inserted (the model must import that domain).
@@ -606,6 +606,9 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     }).collect();
     // Constants: weights first (bias scales depend on them), then biases.
     let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
+    // A weight that several nodes read alike (an unrolled recurrence's, once per step) is
+    // quantized once: same value, spec and reduction order, and no GPTQ rounding of its own.
+    let mut shared: Vec<(SharedWeight, QuantizedConst, Option<PairSumsRecord>)> = vec![];
     let mut biases: Vec<(NodeId, usize, Vec<Edge>)> = vec![];
     for (&n, ann) in &a.nodes {
         for (i, s) in ann.inputs.iter().enumerate() {
@@ -619,11 +622,31 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                 Spec::Quantize(spec) => {
                     let Some(t) = const_data(g, v) else { continue };
                     let (data, shape) = (floats(&t), t.shape());
-                    let mut c = quantize_const(data, shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
+                    let node = g.node(n).map_err(|e| e.to_string())?;
+                    let key = (i == 1 && stats.grams.as_ref().is_none_or(|gr| !gr.watches(gi, n)))
+                        .then(|| SharedWeight { value: v, spec: spec.clone(), op: node.op_type.clone(), group: node.attr_int("group"), trans_b: node.attr_int("transB") });
+                    let c = match key.as_ref().and_then(|k| shared.iter().find(|(s, ..)| s == k)) {
+                        Some((_, c, record)) => {
+                            if let Some(r) = record {
+                                em.log.pair_sums_fitted.push((node.display_name(n), r.1.clone(), r.2.clone(), r.3, r.4, r.5));
+                            }
+                            c.clone()
+                        }
+                        None => {
+                            let mut c = quantize_const(data, shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
+                            if i == 1 {
+                                finish_weight(g, gi, n, stats, data, &mut c, spec, true, &mut em.log)?;
+                            }
+                            if let Some(k) = key {
+                                let record = em.log.pair_sums_fitted.iter().find(|r| r.0 == node.display_name(n)).cloned();
+                                shared.push((k, c.clone(), record));
+                            }
+                            c
+                        }
+                    };
                     if i == 1 {
-                        finish_weight(g, gi, n, stats, data, &mut c, spec, true, &mut em.log)?;
                         if let Some(narrow) = narrow_channels(g, n, data, shape, spec, &c) {
-                            em.log.narrow_weight_channels.push((g.node(n).map(|x| x.display_name(n)).unwrap_or_default(), g.node(n).map(|x| x.op_type.clone()).unwrap_or_default(), g.value_name(v).to_string(), narrow.0, narrow.1, narrow.2));
+                            em.log.narrow_weight_channels.push((node.display_name(n), node.op_type.clone(), g.value_name(v).to_string(), narrow.0, narrow.1, narrow.2));
                         }
                     }
                     weights.insert((n, i), c);
@@ -741,6 +764,20 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     g.apply(patch).map_err(|e| e.to_string())?;
     Ok(log)
 }
+
+/// What makes two reads of one weight quantize alike: the value, its spec, and what decides
+/// [`reduction_pairs`] (the op and its layout attributes).
+#[derive(PartialEq)]
+struct SharedWeight {
+    value: ValueId,
+    spec: QuantizationSpec,
+    op: String,
+    group: Option<i64>,
+    trans_b: Option<i64>,
+}
+
+/// An entry of [`ConvertLog::pair_sums_fitted`].
+type PairSumsRecord = (String, String, String, usize, usize, usize);
 
 /// The integers of `c`, the quantized weight `data` of node `n` (input 1), as the target takes
 /// them: with the spec's `pair_sum_max` ([`crate::pair_sums`]), scales first moved (with

@@ -99,3 +99,43 @@ fn weights_fitted_to_pair_sums_run_exactly_in_onnx_runtime_on_every_cpu() {
         println!("{name}: fitted 0 steps off ONNX Runtime; unfitted {unfitted:.0} steps off");
     }
 }
+
+/// A weight read by two MatMuls (an unrolled recurrence reads one per step) is fitted once and
+/// stored once: both nodes are reported with the same fitting, and both read the one quantized
+/// weight, whose integers ONNX Runtime (fusions on) runs to qforge's outputs (to float
+/// rounding: the sum of the two products is float).
+#[test]
+fn a_weight_shared_by_two_nodes_is_fitted_and_stored_once() {
+    let single = model("MatMul", &[], &[2, 16], &[16, 8], 1, false);
+    let mut g = single.graph.clone();
+    let (x, w, y) = (g.value_by_name("x").unwrap(), g.value_by_name("W").unwrap(), g.value_by_name("y").unwrap());
+    let h = g.new_value("h", None).unwrap();
+    g.add_node(Node::new("Relu", "relu").with_inputs([y]).with_outputs([h])).unwrap();
+    let z = g.new_value("z", None).unwrap();
+    g.add_node(Node::new("MatMul", "again").with_inputs([x, w]).with_outputs([z])).unwrap();
+    let sum = g.new_value("sum", None).unwrap();
+    g.add_node(Node::new("Add", "add").with_inputs([h, z]).with_outputs([sum])).unwrap();
+    g.set_outputs(vec![sum]).unwrap();
+    let m = Model { graph: g, ..single };
+    let n = 32;
+    let feed = |v: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&[2, 16], v).unwrap())];
+    let calibration: Vec<Vec<(String, Tensor)>> = vec![feed(vec![1.0; n]), feed(noise(1, n, 0.0, 1.0))];
+    let backend = ort_backend(true);
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, &calibration, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let fitted: Vec<_> = report.pair_sums.iter().map(|r| (r.node.as_str(), r.weight.as_str(), r.rescaled, r.channels, r.projected_pairs)).collect();
+    assert_eq!(fitted.len(), 2, "{fitted:?}");
+    assert_eq!((fitted[0].1, fitted[0].2, fitted[0].3, fitted[0].4), (fitted[1].1, fitted[1].2, fitted[1].3, fitted[1].4), "one fitting for both");
+    assert!(fitted.iter().any(|f| f.0 == "node") && fitted.iter().any(|f| f.0 == "again"), "{fitted:?}");
+    assert!(fitted[0].2 > 0, "the weight's pairs needed fitting: {fitted:?}");
+    let stored: Vec<&str> = q.graph.values().filter(|(_, v)| v.initializer().is_some_and(|t| t.shape() == [16, 8])).map(|(_, v)| v.name.as_str()).collect();
+    assert_eq!(stored.len(), 1, "the weight is stored once: {stored:?}");
+    let tmp = TempDir::new("pair-sums-shared");
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let input = feed(noise(3, n, 0.0, 1.0));
+    let ours = qforge_runtime::Session::new(&q).unwrap().run(input.clone()).unwrap();
+    let theirs = ort_run_with(&path, &input, 1, true);
+    let (diff, ok) = compare(&theirs[0].1, &ours[0].1, 1e-5, 1e-5);
+    assert!(ok, "ONNX Runtime and qforge differ by {diff}");
+}
