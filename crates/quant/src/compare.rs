@@ -96,6 +96,42 @@ pub struct TensorComparison {
     pub unpaired: u64,
     #[serde(flatten)]
     pub metrics: Metrics,
+    /// For an integer, boolean or string value (which the metrics leave out), how many of its
+    /// elements equal the float model's; `None` for float values.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exact: Option<ExactMatch>,
+}
+
+/// Elements of a non-float value equal to the float model's, out of those compared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ExactMatch {
+    pub equal: u64,
+    pub count: u64,
+}
+
+impl ExactMatch {
+    /// The equal elements of two non-float tensors of one dtype and shape; `None` for float
+    /// tensors or tensors that do not pair up.
+    fn of_tensors(x: &Tensor, y: &Tensor) -> Option<ExactMatch> {
+        if is_float(x.dtype()) || x.dtype() != y.dtype() || x.shape() != y.shape() {
+            return None;
+        }
+        let count = x.len() as u64;
+        let same = |p: &[u8], q: &[u8]| p == q;
+        let equal = match (x.strings(), y.strings(), x.raw_bytes(), y.raw_bytes()) {
+            (Some(a), Some(b), _, _) => a.iter().zip(b).filter(|(p, q)| same(p, q)).count(),
+            (_, _, Some(a), Some(b)) if x.dtype().bits() >= 8 => {
+                let size = x.dtype().bits() / 8;
+                a.chunks_exact(size).zip(b.chunks_exact(size)).filter(|(p, q)| same(p, q)).count()
+            }
+            _ => x.to_f64_vec().ok()?.iter().zip(&y.to_f64_vec().ok()?).filter(|(p, q)| p == q).count(),
+        } as u64;
+        Some(ExactMatch { equal, count })
+    }
+
+    fn merge(self, o: ExactMatch) -> ExactMatch {
+        ExactMatch { equal: self.equal + o.equal, count: self.count + o.count }
+    }
 }
 
 /// One quantized initializer compared with its float original.
@@ -494,6 +530,7 @@ fn pair_values(all_f: &[(GraphPath, &Graph)], all_q: &[(GraphPath, &Graph)], gra
                 fake_quantized: produced_by(gq, q, "DequantizeLinear"),
                 unpaired: 0,
                 metrics: Sums::default().metrics(),
+                exact: None,
             };
             pairs.push(Pair { float: (*fi, v), quant: (*qi, q), order: order.get(&(*fi, v)).copied().unwrap_or(usize::MAX), template });
         }
@@ -713,23 +750,25 @@ pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize) -> 
     let session = Session::with_options(quant, SessionOptions { threads }).map_err(|e| CompareError::Model { model: "quantized", reason: e.to_string() })?;
     let names: Vec<String> = session.output_names().iter().map(|s| s.to_string()).collect();
     let pairs: Vec<(usize, usize)> = first.float.iter().enumerate().filter_map(|(i, (name, _))| names.iter().position(|q| q == name).map(|k| (i, k))).collect();
-    let run = |s: &CheckSample| -> Result<Vec<Option<Sums>>, CompareError> {
+    let run = |s: &CheckSample| -> Result<Vec<(Option<Sums>, Option<ExactMatch>)>, CompareError> {
         let feed: Vec<(String, Value)> = s.feed.iter().map(|(n, t)| (n.clone(), Value::Tensor(t.clone()))).collect();
         let q = session.run_values(feed).map_err(|e| CompareError::Sample { sample: s.name.clone(), reason: format!("the quantized model failed: {e}") })?;
-        Ok(pairs.iter().map(|&(fo, qo)| Sums::of_values(&s.float[fo].1, &q[qo].1)).collect())
+        Ok(pairs.iter().map(|&(fo, qo)| (Sums::of_values(&s.float[fo].1, &q[qo].1), exact_of_values(&s.float[fo].1, &q[qo].1))).collect())
     };
-    let per_sample: Vec<Vec<Option<Sums>>> = if threads == 1 {
+    let per_sample: Vec<Vec<(Option<Sums>, Option<ExactMatch>)>> = if threads == 1 {
         samples.iter().map(run).collect::<Result<_, _>>()?
     } else {
         samples.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
     };
     let mut sums = vec![Sums::default(); pairs.len()];
     let mut unpaired = vec![0u64; pairs.len()];
+    let mut exact: Vec<Option<ExactMatch>> = vec![None; pairs.len()];
     for sample in per_sample {
-        for (k, s) in sample.into_iter().enumerate() {
-            match s {
-                Some(s) => sums[k] = sums[k].merge(s),
-                None => unpaired[k] += 1,
+        for (k, (s, e)) in sample.into_iter().enumerate() {
+            match (s, e) {
+                (Some(s), _) => sums[k] = sums[k].merge(s),
+                (None, Some(e)) => exact[k] = Some(exact[k].unwrap_or_default().merge(e)),
+                (None, None) => unpaired[k] += 1,
             }
         }
     }
@@ -741,10 +780,22 @@ pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize) -> 
         let through = |v: ValueId, op: &str| g.producer(v).and_then(|(n, _)| g.node(n).ok()).filter(|n| n.op_type == op).and_then(|n| n.input(0));
         producer_op(g, through(v, "DequantizeLinear").and_then(|q| through(q, "QuantizeLinear")).unwrap_or(v))
     };
-    Ok(pairs.iter().zip(sums.iter().zip(&unpaired)).map(|(&(fo, _), (s, &u))| {
+    Ok(pairs.iter().zip(sums.iter().zip(&unpaired)).zip(exact).map(|((&(fo, _), (s, &u)), exact)| {
         let name = &first.float[fo].0;
-        TensorComparison { op: op(name), ..output_comparison(g, g, name, s, u) }
+        TensorComparison { op: op(name), exact, ..output_comparison(g, g, name, s, u) }
     }).collect())
+}
+
+/// [`ExactMatch::of_tensors`] of two graph output values, sequences item by item.
+fn exact_of_values(x: &Value, y: &Value) -> Option<ExactMatch> {
+    match (x, y) {
+        (Value::Tensor(a), Value::Tensor(b)) => ExactMatch::of_tensors(a, b),
+        (Value::Sequence(a), Value::Sequence(b)) if a.items.len() == b.items.len() => {
+            a.items.iter().zip(&b.items).try_fold(ExactMatch::default(), |e, (p, q)| Some(e.merge(ExactMatch::of_tensors(p, q)?)))
+        }
+        (Value::Optional(Some(a)), Value::Optional(Some(b))) => exact_of_values(a, b),
+        _ => None,
+    }
 }
 
 /// The comparison of graph output `name` of the main graphs `float` and `quant`.
@@ -757,6 +808,7 @@ fn output_comparison(float: &Graph, quant: &Graph, name: &str, sums: &Sums, unpa
         fake_quantized: quant.value_by_name(name).is_some_and(|v| produced_by(quant, v, "DequantizeLinear")),
         unpaired,
         metrics: sums.metrics(),
+        exact: None,
     }
 }
 

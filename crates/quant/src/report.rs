@@ -189,6 +189,10 @@ impl OutputCheck {
         let mut s = String::new();
         for o in &self.outputs {
             let m = &o.metrics;
+            if let Some(e) = o.exact {
+                let _ = writeln!(s, "check: output '{}' (not float) against float on {} calibration sample(s): {} of {} elements equal ({:.2} s)", o.name, self.samples, e.equal, e.count, self.seconds);
+                continue;
+            }
             let _ = writeln!(s, "check: output '{}' against float on {} calibration sample(s): SQNR {:.2} dB, cosine {:.5}, max |error| {:.4e} ({:.2} s)", o.name, self.samples, m.sqnr_db, m.cosine, m.max_abs_error, self.seconds);
             if m.sqnr_db < Self::POOR_SQNR_DB {
                 let _ = writeln!(s, "warning: output '{}' is far from the float model's (SQNR {:.2} dB < {} dB); check it on the task's own metric: `qforge sensitivity` ranks what causes it, and --min-sqnr DB returns the most sensitive groups to float until every output reaches DB", o.name, m.sqnr_db, Self::POOR_SQNR_DB);
@@ -509,6 +513,9 @@ impl Report {
         let q = self.nodes.iter().filter(|n| n.quantized).count();
         let mut s = String::new();
         let _ = writeln!(s, "quantized {q} of {} nodes; {} activations with Q/DQ, {} constants stored quantized", self.nodes.len(), self.activations.len(), self.constants.len());
+        if q == 0 && !self.nodes.is_empty() {
+            let _ = writeln!(s, "warning: no node is quantized, so the output computes what the float model does (each node's reason is listed below); a --backend or --config whose types the target supports quantizes it");
+        }
         let derived = self.activations.iter().filter(|a| a.derived.is_some()).count();
         let _ = writeln!(s, "calibration: {} samples{} in {:.2} s{}; total {:.2} s; opset {} -> {}; {} BatchNormalization/affine nodes folded into weights{}",
             self.samples, if self.widened.is_empty() { "" } else { " (twice: again with the widened activations below)" }, self.calibration_seconds,
