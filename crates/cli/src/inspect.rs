@@ -102,7 +102,7 @@ impl Walk<'_> {
 /// its types inferred: how many, and for each with pairs that kernel adds into one 16-bit sum
 /// over the `ort` backend's `pair_sum_max` (`qforge_quant::pair_sums`), where they can
 /// saturate on x86 CPUs without VNNI, how many such pairs.
-fn pair_sums(model: &Model) -> Json {
+pub(crate) fn pair_sums(model: &Model) -> Json {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);
     let opsets = folded.opset_imports.clone();

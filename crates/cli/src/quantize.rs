@@ -6,9 +6,9 @@ use anyhow::{bail, Context, Result};
 use qforge_ir::Model;
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::html::{self, Subject};
-use qforge_quant::pipeline::{lower, quantize, QuantFormat, QuantizeOptions};
+use qforge_quant::pipeline::{lower, quantize, FirstSamples, QuantFormat, QuantizeOptions};
 use qforge_quant::report::Report;
-use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress};
+use qforge_quant::sensitivity::{quantize_within_budget, Budget, BudgetOutcome, BudgetProgress, EVALUATION_ELEMENTS, EVALUATION_SAMPLES};
 use qforge_quant::qconfig::{QConfigMapping, RangeName};
 use qforge_quant::QType;
 use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
@@ -314,8 +314,9 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         Some(budget) => {
             let mut analysis = unit_progress(args.json);
             let quiet = args.json;
-            quantize_within_budget(&model, quantizer.as_ref(), &samples, &opts, &budget, &mut |p| match p {
-                BudgetProgress::Calibrated { samples } if !quiet => eprintln!("calibrated on {samples} samples; measuring every group for the accuracy budget"),
+            let evaluation = FirstSamples::within(&samples, EVALUATION_SAMPLES, EVALUATION_ELEMENTS).map_err(|(sample, reason)| anyhow::anyhow!("sample '{sample}': {reason}"))?;
+            quantize_within_budget(&model, quantizer.as_ref(), &samples, &evaluation, &opts, &budget, &mut |p| match p {
+                BudgetProgress::Calibrated { samples, evaluation } if !quiet => eprintln!("calibrated on {samples} samples; measuring every group on the first {evaluation} of them for the accuracy budget"),
                 BudgetProgress::Analysis { sample, samples, unit, units } => analysis(sample, samples, unit, units),
                 BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: decision {step}, error {error:.4e}"),
                 _ => {}
@@ -333,10 +334,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     if let Some(path) = &args.report {
         write_report(&args, path, &model, qdq.as_ref().unwrap_or(&quantized), &report, &samples)?;
     }
+    let saturating = crate::inspect::pair_sums(&quantized);
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
         println!("{}", serde_json::json!({
             "output": args.output, "nodes": report.nodes.len(), "quantized_nodes": q,
+            "u8s8_pair_sums": saturating,
             "activations": report.activations.len(), "constants": report.constants.len(),
             "float": report.nodes.iter().filter(|n| !n.quantized).map(|n| serde_json::json!({"graph": n.graph, "node": n.name, "op": n.op, "reason": n.reason})).collect::<Vec<_>>(),
             "violations": report.violations,
@@ -359,6 +362,10 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         }
         if let Some(c) = &report.output_check {
             eprint!("{}", c.summary());
+        }
+        if let Some(over) = saturating["saturating"].as_array().filter(|s| !s.is_empty()) {
+            eprintln!("warning: {} of {} u8 x s8 weights have pairs whose 16-bit sum ONNX Runtime's kernels can saturate on x86 CPUs without VNNI (AVX2-only): there, ONNX Runtime can compute other outputs than these qparams give and than the check above measured (first: weight '{}' of node '{}', {} of {} pairs); --backend ort fits the weights so that none does, and `qforge inspect` lists them",
+                over.len(), saturating["weights"], over[0]["weight"].as_str().unwrap_or(""), over[0]["node"].as_str().unwrap_or(""), over[0]["pairs"], over[0]["of"]);
         }
         eprintln!("wrote {}", args.output.display());
     }

@@ -4,7 +4,7 @@
 
 use std::io::IsTerminal;
 
-use qforge_data::{CalibrationSet, ModelInput};
+use qforge_data::{CalibrationSet, DataError, ModelInput};
 use qforge_ir::{Dim, Model, Tensor};
 use qforge_quant::pipeline::SampleSource;
 
@@ -43,8 +43,12 @@ impl SampleSource for CalibrationSamples {
     fn name(&self, i: usize) -> String {
         self.set.sample_name(self.picked[i]).to_string()
     }
+    /// The sample's feed; an error without the sample's name, which the caller's error gives.
     fn load(&self, i: usize) -> Result<Vec<(String, Tensor)>, String> {
-        self.set.load(self.picked[i]).map_err(|e| e.to_string())
+        self.set.load(self.picked[i]).map_err(|e| match e {
+            DataError::Calibration { path, input, reason, .. } => DataError::Calibration { path, sample: None, input, reason },
+            e => e,
+        }.to_string())
     }
 }
 

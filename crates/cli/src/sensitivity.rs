@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use qforge_quant::pipeline::{calibrate, QuantizeOptions, SampleSource};
-use qforge_quant::sensitivity::{analyze, Sensitivity};
+use qforge_quant::sensitivity::{analyze, Sensitivity, EVALUATION_ELEMENTS, EVALUATION_SAMPLES};
 
 use crate::quantize::{check_mapping, quantizer, QuantizerArgs};
 use crate::samples::{model_inputs, open_samples, progress, unit_progress};
@@ -24,15 +24,9 @@ pub struct SensitivityArgs {
     pub json: bool,
     pub threads: usize,
     /// Evaluate on the first N samples; by default as many of the first samples as
-    /// [`DEFAULT_MAX_SAMPLES`] and [`DEFAULT_ELEMENT_BUDGET`] allow.
+    /// [`EVALUATION_SAMPLES`] and [`EVALUATION_ELEMENTS`] allow.
     pub limit: Option<usize>,
 }
-
-/// The most samples evaluated without `--limit`.
-const DEFAULT_MAX_SAMPLES: usize = 8;
-/// Without `--limit`, samples are taken while their inputs hold fewer elements than this
-/// together (at least one): every group costs two partial runs per sample.
-const DEFAULT_ELEMENT_BUDGET: usize = 1 << 20;
 
 pub fn run(args: SensitivityArgs) -> Result<()> {
     if args.limit == Some(0) {
@@ -53,7 +47,7 @@ pub fn run(args: SensitivityArgs) -> Result<()> {
     };
     let first = match args.limit {
         Some(n) => FirstSamples { source: &evaluation, len: n.min(evaluation.len()) },
-        None => FirstSamples::within(&evaluation, DEFAULT_MAX_SAMPLES, DEFAULT_ELEMENT_BUDGET)
+        None => FirstSamples::within(&evaluation, EVALUATION_SAMPLES, EVALUATION_ELEMENTS)
             .map_err(|(sample, reason)| anyhow::anyhow!("sample '{sample}': {reason}"))?,
     };
     let opts = QuantizeOptions { threads: args.threads, strict: false, ..Default::default() };

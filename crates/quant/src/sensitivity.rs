@@ -599,24 +599,34 @@ pub struct BudgetOutcome {
 
 /// Progress of a budgeted quantization, for people.
 pub enum BudgetProgress {
-    Calibrated { samples: usize },
+    /// Calibrated on `samples`; the budget is measured on `evaluation` samples.
+    Calibrated { samples: usize, evaluation: usize },
     /// As [`Progress`].
     Analysis { sample: usize, samples: usize, unit: usize, units: usize },
     /// After decision `step` (1-based), with the error reached.
     Decision { step: usize, error: f64 },
 }
 
-/// Quantizes `model` so that the outputs stay within `budget`: calibrates once, ranks the
-/// units ([`analyze`]), then returns units to float most sensitive first, re-measuring the
-/// error on every sample after each change and keeping the change only when it lowers the
-/// error, until the budget is met (or the ranking is exhausted: the report then says it was
-/// not met). Each unit returned to float loses its annotated edges, so convert emits no Q/DQ
+/// The most samples [`analyze`] and the accuracy budget are given by default: every group
+/// costs two partial runs per sample.
+pub const EVALUATION_SAMPLES: usize = 8;
+
+/// By default, evaluation samples are taken while their inputs hold fewer elements than this
+/// together (at least one sample).
+pub const EVALUATION_ELEMENTS: usize = 1 << 20;
+
+/// Quantizes `model` so that the outputs stay within `budget`: calibrates once on `samples`,
+/// ranks the units on `evaluation` ([`analyze`]), then returns units to float most sensitive
+/// first, re-measuring the error on every evaluation sample after each change and keeping the
+/// change only when it lowers the error, until the budget is met (or the ranking is
+/// exhausted: the report then says it was not met). Each unit returned to float loses its annotated edges, so convert emits no Q/DQ
 /// for it; the nodes it touched are reported float with [`FloatKind::AccuracyBudget`].
 /// The report's `accuracy_budget` lists every decision.
-pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
+pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, evaluation: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
     let started = Instant::now();
     let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
-    progress(BudgetProgress::Calibrated { samples: samples.len() });
+    progress(BudgetProgress::Calibrated { samples: samples.len(), evaluation: evaluation.len() });
+    let samples = evaluation;
     if units(&c).is_empty() {
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {

@@ -195,7 +195,7 @@ fn page_shows_compare_figures_ranges_and_every_float_node() {
 #[test]
 fn accuracy_budget_page_has_the_ranking_and_the_decisions() {
     let float = model();
-    let (quantized, report) = quantize_within_budget(&float, &quantizer(), &samples(), &QuantizeOptions::default(), &Budget::min_sqnr(200.0), &mut |_| {}).unwrap();
+    let (quantized, report) = quantize_within_budget(&float, &quantizer(), &samples(), &samples(), &QuantizeOptions::default(), &Budget::min_sqnr(200.0), &mut |_| {}).unwrap();
     let budget = report.accuracy_budget.as_ref().unwrap();
     assert!(!budget.decisions.is_empty());
     let page = read(&render(&report_of(&float, &quantized, &report)));

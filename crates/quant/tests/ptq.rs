@@ -260,11 +260,11 @@ fn concat_inputs_left_with_few_levels_are_reported() {
     assert!(report.widened.is_empty(), "x86 has no wider activation type: {:?}", report.widened);
 }
 
-/// On ONNX Runtime's target a reader that takes another integer type than the producer's
-/// output (a MatMul's second activation, int8, after a Conv's uint8 output) quantizes the float
-/// value: one rounding. The Conv's own uint8 Q/DQ, read by nobody, is not written.
+/// On ONNX Runtime's target a MatMul of two activations reads both in the activation type:
+/// its second input, a Conv's output, goes through that Conv's own u8 Q/DQ (one rounding,
+/// shared), not through a second quantization of the float value.
 #[test]
-fn a_reader_of_another_type_quantizes_the_float_value_on_ort() {
+fn a_matmul_of_two_activations_reads_both_producers_quantized_outputs_on_ort() {
     let mut g = Graph::new("g");
     let x = input(&mut g, "x", &[1, 4, 4, 4]);
     let w1 = weight(&mut g, "w1", &[4, 4, 1, 1], 21);
@@ -280,9 +280,9 @@ fn a_reader_of_another_type_quantizes_the_float_value_on_ort() {
     let (qn, _) = g.producer(g.node(dq).unwrap().input(0).unwrap()).unwrap();
     let qn = g.node(qn).unwrap();
     assert_eq!(qn.op_type, "QuantizeLinear");
-    assert_eq!(g.value(qn.input(2).unwrap()).unwrap().initializer().unwrap().dtype(), qforge_ir::DType::I8);
-    assert_eq!(producer_of_input(&q, &qn.name, 0), "Conv", "int8 Q reads the Conv's float output");
-    assert_eq!(readers(&q, "conv_b_out"), ["QuantizeLinear"]);
+    assert_eq!(g.value(qn.input(2).unwrap()).unwrap().initializer().unwrap().dtype(), qforge_ir::DType::U8);
+    assert_eq!(producer_of_input(&q, &qn.name, 0), "Conv", "the Q reads the Conv's float output");
+    assert_eq!(readers(&q, "conv_b_out"), ["QuantizeLinear"], "one Q/DQ for the Conv's output");
 }
 
 /// Attention over short rows: Score MatMul -> Softmax (float by default) -> MatMul. Both of the
@@ -460,6 +460,87 @@ fn three_d_convolutions_are_quantized_and_checked() {
     let step = nearest_activation_step(&q, "relu_out");
     let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64 * 1.01);
     assert!(ok, "qforge and ONNX Runtime differ by {worst} (step {step})");
+}
+
+/// The zero-point dtype and the number of scales of the DequantizeLinear feeding input `i` of
+/// the node named `node`.
+fn input_dq(m: &Model, node: &str, i: usize) -> (qforge_ir::DType, usize) {
+    let g = &m.graph;
+    let (_, n) = g.nodes().find(|(_, n)| n.name == node).unwrap_or_else(|| panic!("no node {node}"));
+    let (p, _) = g.producer(n.input(i).unwrap()).unwrap_or_else(|| panic!("input {i} of {node} has no producer"));
+    let dq = g.node(p).unwrap();
+    assert_eq!(dq.op_type, "DequantizeLinear", "input {i} of {node}");
+    let tensor = |k: usize| g.value(dq.input(k).unwrap()).unwrap().initializer().unwrap().clone();
+    (tensor(2).dtype(), tensor(1).len())
+}
+
+/// On the `ort` target, a MatMul of two activations (attention's `Q x K^T`) quantizes both
+/// to the activation type, u8, as ONNX Runtime's and PyTorch's quantizers do: a u8 x s8
+/// product of two activations has no fitted weight to keep ONNX Runtime's 16-bit pair sums on
+/// CPUs without VNNI from saturating. A batched constant weight (`[B, K, N]`) is quantized per
+/// tensor: ONNX Runtime's QLinearMatMul takes a per-column zero point only for a 2-D weight
+/// and fails at run time on a batched one. ONNX Runtime, with its fusions on, runs the model
+/// and agrees with qforge's execution of it.
+#[test]
+fn activation_products_and_batched_weights_quantize_as_onnx_runtime_runs_them() {
+    let mut g = Graph::new("g");
+    let q = input(&mut g, "q", &[1, 4, 6, 8]);
+    let k = input(&mut g, "k", &[1, 4, 8, 6]);
+    let scores = op(&mut g, "MatMul", "scores", &[q, k]);
+    let w = weight(&mut g, "w", &[1, 4, 6, 5], 31);
+    let y = op(&mut g, "MatMul", "batched", &[scores, w]);
+    g.set_outputs(vec![y]).unwrap();
+    let m = model(g, 13);
+    let backend = BackendConfig::load("ort").unwrap();
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    let samples = qforge_testkit::seeded_feeds(&[("q", &[1, 4, 6, 8]), ("k", &[1, 4, 8, 6])], 4);
+    let (qm, _) = quantize(&m, &ConfigQuantizer { backend, mapping }, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    assert_eq!(input_dq(&qm, "scores", 0).0, qforge_ir::DType::U8);
+    assert_eq!(input_dq(&qm, "scores", 1).0, qforge_ir::DType::U8, "the second activation takes the activation type");
+    assert_eq!(input_dq(&qm, "batched", 1), (qforge_ir::DType::I8, 1), "a batched weight: s8, one scale");
+    let tmp = TempDir::new("ptq_matmul");
+    let path = tmp.path().join("matmul.onnx");
+    qforge_onnx::save(&qm, &path).unwrap();
+    let feed = samples[1].clone();
+    let ours = qforge_runtime::Session::new(&qm).unwrap().run(feed.clone()).unwrap();
+    let theirs = ort_run_with(&path, &feed, 1, true);
+    let step = nearest_activation_step(&qm, "batched_out");
+    let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64 * 1.01);
+    assert!(ok, "qforge and ONNX Runtime differ by {worst} (step {step})");
+}
+
+/// The output check compares an integer output (ArgMax's indices) by exact match: the count
+/// of equal elements over the checked samples, which the float and quantized models' own runs
+/// give, and it is not reported as a float comparison.
+#[test]
+fn the_output_check_counts_equal_elements_of_integer_outputs() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 3, 6, 6]);
+    let w = weight(&mut g, "w", &[5, 3, 3, 3], 41);
+    let c = op(&mut g, "Conv", "conv", &[x, w]);
+    let out = g.new_value("classes", None).unwrap();
+    g.add_node(Node::new("ArgMax", "argmax").with_inputs([c]).with_outputs([out]).with_attr("axis", Attr::Int(1))).unwrap();
+    g.set_outputs(vec![c, out]).unwrap();
+    let m = model(g, 13);
+    let backend = BackendConfig::load("ort").unwrap();
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    let samples = qforge_testkit::seeded_feeds(&[("x", &[1, 3, 6, 6])], 6);
+    let opts = QuantizeOptions { check_samples: 6, ..QuantizeOptions::default() };
+    let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, &samples, &opts, &mut |_, _| {}).unwrap();
+    let check = report.output_check.as_ref().expect("the output check ran");
+    let classes = check.outputs.iter().find(|o| o.name == "classes").expect("the integer output is checked");
+    let conv = check.outputs.iter().find(|o| o.name == "conv_out").expect("the float output is checked");
+    assert!(conv.exact.is_none() && conv.metrics.count == 6 * 5 * 16, "{conv:?}");
+    let (float, quant) = (qforge_runtime::Session::new(&m).unwrap(), qforge_runtime::Session::new(&q).unwrap());
+    let mut equal = 0;
+    for feed in &samples {
+        let (a, b) = (float.run(feed.clone()).unwrap(), quant.run(feed.clone()).unwrap());
+        let (a, b) = (a[1].1.as_slice::<i64>().unwrap().to_vec(), b[1].1.as_slice::<i64>().unwrap().to_vec());
+        equal += a.iter().zip(&b).filter(|(p, q)| p == q).count() as u64;
+    }
+    let exact = classes.exact.expect("compared by exact match");
+    assert_eq!((exact.equal, exact.count), (equal, 6 * 16));
+    assert!(check.summary().contains(&format!("output 'classes' (not float) against float on 6 calibration sample(s): {equal} of 96 elements equal")), "{}", check.summary());
 }
 
 /// The quantization step of the activation DequantizeLinear nearest upstream of value `name`.

@@ -114,7 +114,7 @@ fn the_budget_is_met_with_few_float_units() {
     let c = calibrate(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     let s = analyze(&c, &Seeded(4), 1, &mut |_, _, _, _| {}).unwrap();
     let target_db = s.all_quantized_sqnr_db + 10.0;
-    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &Budget::min_sqnr(target_db), &mut |_| {}).unwrap();
+    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(4), &Seeded(4), &QuantizeOptions::default(), &Budget::min_sqnr(target_db), &mut |_| {}).unwrap();
     let b = report.accuracy_budget.as_ref().unwrap();
     println!("budget {target_db:.2} dB: {} decisions, {} of {} units float, error {:.3e} -> {:.3e}", b.decisions.len(), b.units_float, b.units, b.error_all_quantized, b.error_final);
     assert!(b.met && b.error_final <= b.max_error);
@@ -151,7 +151,7 @@ fn a_budget_over_a_model_with_nothing_quantized_is_met() {
     g.add_node(Node::new("Transpose", "t").with_inputs([x]).with_outputs([y])).unwrap();
     g.set_outputs(vec![y]).unwrap();
     let model = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
-    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(2), &QuantizeOptions::default(), &Budget::min_sqnr(60.0), &mut |_| {}).unwrap();
+    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(2), &Seeded(2), &QuantizeOptions::default(), &Budget::min_sqnr(60.0), &mut |_| {}).unwrap();
     let b = report.accuracy_budget.as_ref().unwrap();
     assert!(b.met && b.units == 0 && b.error_final == 0.0);
     assert!(report.activations.is_empty());
