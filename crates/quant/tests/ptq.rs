@@ -451,15 +451,20 @@ fn three_d_convolutions_are_quantized_and_checked() {
     assert_eq!(producer_of_input(&q, "conv3d", 1), "DequantizeLinear", "weight stored quantized");
     assert_eq!(dq_scale(&q, "w").len(), 3, "one weight scale per output channel");
     assert!(report.output_check.is_some(), "the output check ran");
-    let tmp = TempDir::new("ptq_conv3d");
-    let path = tmp.path().join("conv3d.onnx");
-    qforge_onnx::save(&q, &path).unwrap();
-    let feed = samples[0].clone();
-    let ours = qforge_runtime::Session::new(&q).unwrap().run(feed.clone()).unwrap();
-    let theirs = ort_run_with(&path, &feed, 1, true);
-    let step = nearest_activation_step(&q, "relu_out");
+    ort_agrees_within_a_step(&q, &samples[0], "relu_out", "ptq_conv3d");
+}
+
+/// ONNX Runtime (fusions on) and qforge run the QDQ model `q` on `feed` to first outputs at
+/// most one quantization step of the activation upstream of `output` apart.
+fn ort_agrees_within_a_step(q: &Model, feed: &[(String, Tensor)], output: &str, tag: &str) {
+    let tmp = TempDir::new(tag);
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(q, &path).unwrap();
+    let ours = qforge_runtime::Session::new(q).unwrap().run(feed.to_vec()).unwrap();
+    let theirs = ort_run_with(&path, feed, 1, true);
+    let step = nearest_activation_step(q, output);
     let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64 * 1.01);
-    assert!(ok, "qforge and ONNX Runtime differ by {worst} (step {step})");
+    assert!(ok, "{tag}: qforge and ONNX Runtime differ by {worst} (step {step})");
 }
 
 /// The zero-point dtype and the number of scales of the DequantizeLinear feeding input `i` of
@@ -498,15 +503,7 @@ fn activation_products_and_batched_weights_quantize_as_onnx_runtime_runs_them() 
     assert_eq!(input_dq(&qm, "scores", 0).0, qforge_ir::DType::U8);
     assert_eq!(input_dq(&qm, "scores", 1).0, qforge_ir::DType::U8, "the second activation takes the activation type");
     assert_eq!(input_dq(&qm, "batched", 1), (qforge_ir::DType::I8, 1), "a batched weight: s8, one scale");
-    let tmp = TempDir::new("ptq_matmul");
-    let path = tmp.path().join("matmul.onnx");
-    qforge_onnx::save(&qm, &path).unwrap();
-    let feed = samples[1].clone();
-    let ours = qforge_runtime::Session::new(&qm).unwrap().run(feed.clone()).unwrap();
-    let theirs = ort_run_with(&path, &feed, 1, true);
-    let step = nearest_activation_step(&qm, "batched_out");
-    let (worst, ok) = compare(&ours[0].1, &theirs[0].1, 0.0, step as f64 * 1.01);
-    assert!(ok, "qforge and ONNX Runtime differ by {worst} (step {step})");
+    ort_agrees_within_a_step(&qm, &samples[1], "batched_out", "ptq_matmul");
 }
 
 /// The output check compares an integer output (ArgMax's indices) by exact match: the count
