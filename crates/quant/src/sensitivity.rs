@@ -619,14 +619,14 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 /// ranks the units on `evaluation` ([`analyze`]), then returns units to float most sensitive
 /// first, re-measuring the error on every evaluation sample after each change and keeping the
 /// change only when it lowers the error, until the budget is met (or the ranking is
-/// exhausted: the report then says it was not met). Each unit returned to float loses its annotated edges, so convert emits no Q/DQ
-/// for it; the nodes it touched are reported float with [`FloatKind::AccuracyBudget`].
+/// exhausted: the report then says it was not met). Each unit returned to float loses its
+/// annotated edges, so convert emits no Q/DQ for it; the nodes it touched are reported float
+/// with [`FloatKind::AccuracyBudget`].
 /// The report's `accuracy_budget` lists every decision.
 pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, evaluation: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
     let started = Instant::now();
     let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
     progress(BudgetProgress::Calibrated { samples: samples.len(), evaluation: evaluation.len() });
-    let samples = evaluation;
     if units(&c).is_empty() {
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {
@@ -637,17 +637,17 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         report.accuracy_budget = Some(outcome);
         return Ok((m, report));
     }
-    let (analysis, units, board) = analyze_with_board(&c, samples, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
+    let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
     let mut float_outputs = vec![];
-    for i in 0..samples.len() {
-        let feed = samples.load(i).map_err(sample_error(samples, i))?;
-        float_outputs.push(board.run(feed, &vec![true; units.len()]).map_err(sample_error(samples, i))?);
+    for i in 0..evaluation.len() {
+        let feed = evaluation.load(i).map_err(sample_error(evaluation, i))?;
+        float_outputs.push(board.run(feed, &vec![true; units.len()]).map_err(sample_error(evaluation, i))?);
     }
     let measure = |off: &[bool]| -> Result<f64, SensitivityError> {
         let mut outputs = vec![];
         for (i, float) in float_outputs.iter().enumerate() {
-            let feed = samples.load(i).map_err(sample_error(samples, i))?;
-            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed, off).map_err(sample_error(samples, i))? });
+            let feed = evaluation.load(i).map_err(sample_error(evaluation, i))?;
+            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed, off).map_err(sample_error(evaluation, i))? });
         }
         Ok((budget.error)(&outputs))
     };
