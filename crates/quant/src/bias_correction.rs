@@ -306,7 +306,6 @@ impl InputMeans {
     }
 }
 
-/// The index in `paths` (a plan's graph paths) of the graph a value event comes from.
 /// The values of `watched` (keyed by plan graph index, graphs at `paths`) that are in the
 /// main graph.
 pub(crate) fn main_graph_values<'a>(paths: &[GraphPath], watched: impl Iterator<Item = &'a (usize, ValueId)> + 'a) -> impl Iterator<Item = ValueId> + 'a {
@@ -314,6 +313,7 @@ pub(crate) fn main_graph_values<'a>(paths: &[GraphPath], watched: impl Iterator<
     watched.filter(move |(gi, _)| Some(*gi) == main).map(|&(_, v)| v)
 }
 
+/// The index in `paths` (a plan's graph paths) of the graph a value event comes from.
 pub(crate) fn plan_graph_of(paths: &[GraphPath], event: &ValueEvent) -> Option<usize> {
     paths.iter().position(|p| p.len() == event.path.len() && p.iter().zip(event.path).all(|(a, b)| a.0 == b.0 && a.1 == b.1))
 }

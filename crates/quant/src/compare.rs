@@ -117,12 +117,11 @@ impl ExactMatch {
             return None;
         }
         let count = x.len() as u64;
-        let same = |p: &[u8], q: &[u8]| p == q;
         let equal = match (x.strings(), y.strings(), x.raw_bytes(), y.raw_bytes()) {
-            (Some(a), Some(b), _, _) => a.iter().zip(b).filter(|(p, q)| same(p, q)).count(),
+            (Some(a), Some(b), _, _) => a.iter().zip(b).filter(|(p, q)| p == q).count(),
             (_, _, Some(a), Some(b)) if x.dtype().bits() >= 8 => {
                 let size = x.dtype().bits() / 8;
-                a.chunks_exact(size).zip(b.chunks_exact(size)).filter(|(p, q)| same(p, q)).count()
+                a.chunks_exact(size).zip(b.chunks_exact(size)).filter(|(p, q)| p == q).count()
             }
             _ => x.to_f64_vec().ok()?.iter().zip(&y.to_f64_vec().ok()?).filter(|(p, q)| p == q).count(),
         } as u64;

@@ -50,9 +50,9 @@ impl RunValues {
 ///   results by rounding at most.
 ///
 /// Runs with hooks use the plan of the graph as given, so hooks see every value, except runs
-/// with a [`Watch`] ([`Session::watching`]), which fuse the chains between the watched values. Setting the
-/// environment variable `QFORGE_NO_FUSION` (to anything) when a session is created turns both
-/// rewrites off, to compare.
+/// with a [`Watch`] ([`Session::watching`]), which fuse the chains between the watched values.
+/// Setting the environment variable `QFORGE_NO_FUSION` (to anything) when a session is created
+/// turns both rewrites off, to compare.
 pub struct Session {
     pub(crate) plan: Plan,
     /// The plan for runs without hooks, when anything lowers or fuses.
