@@ -39,7 +39,7 @@ struct Walk<'a> {
 /// kernels: the op whose reduction order the kernel follows, the integer weight and its zero
 /// point (QDQ Conv/Gemm/MatMul reading both through DequantizeLinear, QLinearConv,
 /// QLinearMatMul, ConvInteger, MatMulInteger, QGemm).
-fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, Option<ValueId>)> {
+fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId, Option<ValueId>)> {
     let through_dq = |v: ValueId| -> Option<(ValueId, Option<ValueId>)> {
         let (p, _) = g.producer(v)?;
         let dq = g.node(p).ok()?;
@@ -61,7 +61,15 @@ fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, Option<V
     };
     let constant = g.value(w).ok()?.initializer().is_some_and(|t| t.dtype() == DType::I8);
     let u8_activation = g.value(x).ok()?.ty.as_ref().and_then(|t| t.elem()) == Some(DType::U8);
-    (constant && u8_activation).then_some((op, w, w_zp))
+    (constant && u8_activation).then_some((op, x, w, w_zp))
+}
+
+/// The float value quantized into the u8 activation `x`: the input of the QuantizeLinear that
+/// produces it, when one does.
+fn quantized_from(g: &Graph, x: ValueId) -> Option<String> {
+    let (p, _) = g.producer(x)?;
+    let q = g.node(p).ok()?;
+    (q.op_type == "QuantizeLinear").then(|| q.input(0)).flatten().map(|v| g.value_name(v).to_string())
 }
 
 impl Walk<'_> {
@@ -100,9 +108,11 @@ impl Walk<'_> {
 /// kernel ([`u8s8_operands`]), in the model with its constants folded (a weight quantized
 /// at run time, `QuantizeLinear` of a float constant, counts with the integers it becomes) and
 /// its types inferred: how many, and for each with pairs that kernel adds into one 16-bit sum
-/// over the `ort` backend's `pair_sum_max` (`qforge_quant::pair_sums`), where they can
-/// saturate on x86 CPUs without VNNI, how many such pairs.
-pub(crate) fn pair_sums(model: &Model) -> Json {
+/// that can saturate on x86 CPUs without VNNI (`qforge_quant::pair_sums`), how many such pairs.
+/// `activation_max(name)` is the largest u8 the float value `name` is quantized to (255 when
+/// nothing bounds it; x86's 7-bit activations reach 127), and the limit on `|a| + |b|` is
+/// `32767 / activation_max`.
+pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i64>) -> Json {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);
     let opsets = folded.opset_imports.clone();
@@ -110,8 +120,6 @@ pub(crate) fn pair_sums(model: &Model) -> Json {
         folded = model.clone();
     }
     qforge_ir::infer::infer_model(&mut folded);
-    let limit = qforge_quant::backend::BackendConfig::load("ort").ok().and_then(|b| b.pair_sum_max(qforge_quant::QType::S8))
-        .expect("the built-in ort backend declares pair_sum_max for its s8 weights");
     let (mut weights, mut saturating) = (0u64, vec![]);
     let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
     while let Some((g, path)) = stack.pop() {
@@ -120,7 +128,9 @@ pub(crate) fn pair_sums(model: &Model) -> Json {
                 let here = format!("{}.{attr}", n.display_name(id));
                 stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
             }
-            let Some((op, w, w_zp)) = u8s8_operands(g, n) else { continue };
+            let Some((op, x, w, w_zp)) = u8s8_operands(g, n) else { continue };
+            let reach = quantized_from(g, x).and_then(|name| activation_max(&name)).unwrap_or(255).clamp(1, 255);
+            let limit = i16::MAX as i64 / reach;
             let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
             let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
             let as_op = ["group", "transB"].into_iter().fold(Node::new(op, ""), |m, a| match n.attr(a) {
@@ -170,7 +180,7 @@ fn report(model: &Model, path: &Path) -> Json {
             "subgraphs": w.subgraphs,
             "functions": model.functions.iter().map(|f| format!("{}::{}", f.domain, f.name)).collect::<Vec<_>>(),
             "unsupported_ops": w.unsupported,
-            "u8s8_pair_sums": pair_sums(model),
+            "u8s8_pair_sums": pair_sums(model, &|_| None),
     })
 }
 

@@ -1,5 +1,6 @@
 //! `qforge quantize`: static post-training quantization to a QDQ ONNX model.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -334,7 +335,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     if let Some(path) = &args.report {
         write_report(&args, path, &model, qdq.as_ref().unwrap_or(&quantized), &report, &samples)?;
     }
-    let saturating = crate::inspect::pair_sums(&quantized);
+    // The largest integer each u8 activation reaches on the calibration data.
+    let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
+        .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
+        .collect();
+    let saturating = crate::inspect::pair_sums(&quantized, &|v| reach.get(v).copied());
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
         println!("{}", serde_json::json!({
@@ -364,7 +369,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             eprint!("{}", c.summary());
         }
         if let Some(over) = saturating["saturating"].as_array().filter(|s| !s.is_empty()) {
-            eprintln!("warning: {} of {} u8 x s8 weights have pairs whose 16-bit sum ONNX Runtime's kernels can saturate on x86 CPUs without VNNI (AVX2-only): there, ONNX Runtime can compute other outputs than these qparams give and than the check above measured (first: weight '{}' of node '{}', {} of {} pairs); --backend ort fits the weights so that none does, and `qforge inspect` lists them",
+            eprintln!("warning: {} of {} u8 x s8 weights have pairs whose 16-bit sum ONNX Runtime's kernels can saturate on x86 CPUs without VNNI (AVX2-only) for activations within their calibrated ranges: there, ONNX Runtime can compute other outputs than these qparams give and than the check above measured (first: weight '{}' of node '{}', {} of {} pairs); --backend ort fits the weights so that none does, and `qforge inspect` lists them",
                 over.len(), saturating["weights"], over[0]["weight"].as_str().unwrap_or(""), over[0]["node"].as_str().unwrap_or(""), over[0]["pairs"], over[0]["of"]);
         }
         eprintln!("wrote {}", args.output.display());

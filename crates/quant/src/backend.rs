@@ -86,6 +86,16 @@ pub struct DTypeWithConstraints {
 }
 
 impl DTypeWithConstraints {
+    /// The integer range the target takes, when it bounds the dtype's range (an unbounded
+    /// end is the dtype's own).
+    pub fn bounds(&self) -> Option<(i64, i64)> {
+        let (lo, hi) = self.dtype.qtype()?.range();
+        match (self.quant_min_lower_bound, self.quant_max_upper_bound) {
+            (None, None) => None,
+            (l, h) => Some((l.unwrap_or(lo), h.unwrap_or(hi))),
+        }
+    }
+
     /// Why `spec` violates these constraints, or `None` when it satisfies them.
     pub fn violation(&self, spec: &QuantizationSpec) -> Option<String> {
         let want = self.dtype.qtype()?;
@@ -95,7 +105,8 @@ impl DTypeWithConstraints {
         }
         let (qmin, qmax) = s.qrange();
         if self.quant_min_lower_bound.is_some_and(|lb| qmin < lb) || self.quant_max_upper_bound.is_some_and(|ub| qmax > ub) {
-            return Some(format!("range [{qmin}, {qmax}] exceeds the target's [{:?}, {:?}]", self.quant_min_lower_bound, self.quant_max_upper_bound));
+            let (lo, hi) = self.bounds().expect("a bound is set");
+            return Some(format!("range [{qmin}, {qmax}] exceeds the target's [{lo}, {hi}] (a qconfig's quant_range = [{lo}, {hi}] fits it)"));
         }
         if let Some(sym) = self.symmetric {
             if sym != s.symmetric {

@@ -13,6 +13,7 @@ use qforge_ir::{DType, Graph, Node, NodeId, ValueId, CAPTURE_USE};
 use crate::annotation::{Annotations, FloatKind, NodeAnnotation};
 use crate::backend::{BackendConfig, BackendPatternConfig, DTypeConfig, ObservationType};
 use crate::qconfig::{QConfig, QConfigMapping, RangeName, TensorQConfig};
+use crate::qparams::QScheme;
 use crate::spec::{Derivation, Edge, FixedQParams, Spec};
 
 /// A node annotation that breaks a target's rules: the node, the rule broken, and what to do.
@@ -72,8 +73,8 @@ pub fn weight_axes(node: &Node, rank: usize) -> (Option<usize>, Option<usize>) {
 }
 
 /// The QConfig a backend suggests: its first weighted dtype config's activation and weight
-/// dtypes and symmetry, per-channel weights when asked for and allowed, activations observed
-/// with `method`.
+/// dtypes, symmetry and integer bounds (x86's 7-bit activations), per-channel weights when
+/// asked for and allowed, activations observed with `method`.
 pub fn default_qconfig(backend: &BackendConfig, method: RangeName, per_channel: bool) -> QConfig {
     let weighted = backend.patterns.iter().flat_map(|p| &p.dtype_configs).filter_map(|n| backend.dtype_config(n))
         .find(|d| d.weight.is_some() && d.input.is_some());
@@ -81,6 +82,7 @@ pub fn default_qconfig(backend: &BackendConfig, method: RangeName, per_channel: 
     let activation = weighted.or(first).and_then(|d| d.input.as_ref()).and_then(|c| {
         let mut t = TensorQConfig::of(c.dtype.qtype()?);
         t.symmetric = c.symmetric.unwrap_or(false);
+        t.quant_range = c.bounds();
         t.range = method;
         t.observer = if method == RangeName::Minmax { crate::qconfig::ObserverName::Minmax } else { crate::qconfig::ObserverName::Histogram };
         Some(t)
@@ -88,10 +90,7 @@ pub fn default_qconfig(backend: &BackendConfig, method: RangeName, per_channel: 
     let weight = weighted.and_then(|d| d.weight.as_ref()).and_then(|c| {
         let mut t = TensorQConfig::of(c.dtype.qtype()?);
         t.symmetric = c.symmetric.unwrap_or(true);
-        t.quant_range = match (c.quant_min_lower_bound, c.quant_max_upper_bound) {
-            (Some(lo), Some(hi)) => Some((lo, hi)),
-            _ => None,
-        };
+        t.quant_range = c.bounds();
         let allows = |k| c.granularity.as_ref().is_none_or(|g| g.contains(&k));
         t.per_channel = per_channel && allows(crate::backend::GranularityKind::PerChannel);
         Some(t)
@@ -266,7 +265,12 @@ impl ConfigQuantizer {
                     return Err(format!("output: dtype {:?} is requested, the target takes {qt:?}", act.dtype));
                 }
                 match c.scale_exact_match {
-                    Some(scale) => Some(Spec::Fixed(FixedQParams { scheme: act_spec.scheme, scale, zero_point: c.zero_point_exact_match.unwrap_or(0) })),
+                    Some(scale) => {
+                        // The fixed qparams span the output constraint's range, not the bounds
+                        // the target's other activations take (x86's [0, 127]).
+                        let scheme = QScheme { quant_range: c.bounds(), reduce_range: false, ..act_spec.scheme };
+                        Some(Spec::Fixed(FixedQParams { scheme, scale, zero_point: c.zero_point_exact_match.unwrap_or(0) }))
+                    }
                     None => {
                         let mut s = act_spec.clone();
                         s.scale_min = c.scale_min_lower_bound;

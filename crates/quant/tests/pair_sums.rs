@@ -49,19 +49,33 @@ fn ort_backend(pair_sums: bool) -> BackendConfig {
     b
 }
 
-/// Quantizes `m` (calibrated on inputs in `[0, 1]`, one sample all ones), runs it on all-ones
-/// and on random input in ONNX Runtime (fusions on) and in qforge; returns the largest
-/// difference of their outputs, in output quantization steps.
-fn ort_minus_qforge(name: &str, m: &Model, x_shape: &[usize], pair_sums: bool) -> f64 {
+/// The `x86` backend, with its 7-bit activations (`[0, 127]`) or at full u8 range.
+fn x86_backend(seven_bits: bool) -> BackendConfig {
+    let mut b = BackendConfig::load("x86").unwrap();
+    for d in b.dtype_configs.values_mut() {
+        for c in [d.input.as_mut(), d.output.as_mut()].into_iter().flatten().filter(|c| c.scale_exact_match.is_none()) {
+            assert_eq!(c.quant_max_upper_bound, Some(127), "x86 activations take 7 bits");
+            if !seven_bits {
+                c.quant_max_upper_bound = None;
+            }
+        }
+    }
+    b
+}
+
+/// Quantizes `m` for `backend` (calibrated on inputs in `[0, 1]`, one sample all ones), runs it
+/// on all-ones and on random input in ONNX Runtime (fusions on) and in qforge; returns the
+/// largest difference of their outputs, in output quantization steps. `fitted` is how many
+/// weights the backend's `pair_sum_max` must have fitted.
+fn ort_minus_qforge(name: &str, m: &Model, x_shape: &[usize], backend: BackendConfig, fitted: usize) -> f64 {
     let n: usize = x_shape.iter().product();
     let feed = |v: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(x_shape, v).unwrap())];
     let calibration: Vec<Vec<(String, Tensor)>> = vec![feed(vec![1.0; n]), feed(noise(1, n, 0.0, 1.0)), feed(noise(2, n, 0.0, 1.0))];
-    let backend = ort_backend(pair_sums);
     let mapping = default_mapping(&backend, RangeName::Minmax, true);
     let (q, report) = quantize(m, &ConfigQuantizer { backend, mapping }, &calibration, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     assert!(report.nodes.iter().all(|r| r.quantized), "{name}: {:?}", report.nodes);
-    assert_eq!(report.pair_sums.len(), usize::from(pair_sums), "{name}: {:?}", report.pair_sums);
-    let tmp = TempDir::new(&format!("pair-sums-{name}-{pair_sums}"));
+    assert_eq!(report.pair_sums.len(), fitted, "{name}: {:?}", report.pair_sums);
+    let tmp = TempDir::new(&format!("pair-sums-{name}"));
     let path = tmp.path().join("q.onnx");
     qforge_onnx::save(&q, &path).unwrap();
     let step = report.activations.iter().find(|a| a.value == "y").map(|a| a.scale as f64).unwrap_or_else(|| panic!("{name}: y is quantized"));
@@ -88,15 +102,40 @@ fn weights_fitted_to_pair_sums_run_exactly_in_onnx_runtime_on_every_cpu() {
     ];
     let exact = ort_u8s8_exact();
     for (name, m, x_shape) in &cases {
-        let fitted = ort_minus_qforge(name, m, x_shape, true);
+        let fitted = ort_minus_qforge(name, m, x_shape, ort_backend(true), 1);
         assert!(fitted < 1e-3, "{name}: ONNX Runtime is {fitted} output steps off qforge with pair sums fitted");
-        let unfitted = ort_minus_qforge(name, m, x_shape, false);
+        let unfitted = ort_minus_qforge(name, m, x_shape, ort_backend(false), 0);
         if exact {
             assert!(unfitted < 1e-3, "{name}: this CPU has VNNI, yet ONNX Runtime is {unfitted} steps off");
         } else {
             assert!(unfitted >= 1.0, "{name}: without the fit ONNX Runtime should saturate here, yet it is only {unfitted} steps off");
         }
         println!("{name}: fitted 0 steps off ONNX Runtime; unfitted {unfitted:.0} steps off");
+    }
+}
+
+/// The `x86` backend keeps activations within `[0, 127]`, as PyTorch's x86 qconfig does
+/// (`reduce_range`), so its unfitted full-range s8 weights cannot saturate a pair sum
+/// (`2 · 127 · 128 < 32767`): ONNX Runtime runs the same weights to qforge's outputs on every
+/// CPU. At full u8 range they saturate on a CPU without VNNI.
+#[test]
+fn seven_bit_activations_keep_full_range_weights_exact_in_onnx_runtime_on_every_cpu() {
+    let cases: Vec<(&str, Model, Vec<usize>)> = vec![
+        ("conv_3_inputs", model("Conv", &[("pads", Attr::Ints(vec![1; 4]))], &[1, 3, 8, 8], &[8, 3, 3, 3], 0, true), vec![1, 3, 8, 8]),
+        ("gemm_transposed", model("Gemm", &[("transB", Attr::Int(1))], &[2, 16], &[8, 16], 0, true), vec![2, 16]),
+        ("matmul", model("MatMul", &[], &[2, 3, 16], &[16, 8], 1, false), vec![2, 3, 16]),
+    ];
+    let exact = ort_u8s8_exact();
+    for (name, m, x_shape) in &cases {
+        let seven = ort_minus_qforge(name, m, x_shape, x86_backend(true), 0);
+        assert!(seven < 1e-3, "{name}: ONNX Runtime is {seven} output steps off qforge with 7-bit activations");
+        let full = ort_minus_qforge(name, m, x_shape, x86_backend(false), 0);
+        if exact {
+            assert!(full < 1e-3, "{name}: this CPU has VNNI, yet ONNX Runtime is {full} steps off");
+        } else {
+            assert!(full >= 1.0, "{name}: at full u8 range ONNX Runtime should saturate here, yet it is only {full} steps off");
+        }
+        println!("{name}: 7-bit activations 0 steps off ONNX Runtime; 8-bit {full:.0} steps off");
     }
 }
 

@@ -6,7 +6,7 @@
 use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor, ValueId};
 use qforge_quant::backend::BackendConfig;
 use qforge_quant::pipeline::{quantize, QuantizeOptions, SampleSource};
-use qforge_quant::qconfig::RangeName;
+use qforge_quant::qconfig::{QConfig, QConfigMapping, RangeName, TensorQConfig};
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
 use qforge_quant::report::Report;
 use qforge_quant::{Convention, QScheme, QType};
@@ -177,7 +177,8 @@ fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     assert_eq!(group("conv_a_out"), group("cat_out"), "concat output shares its inputs' qparams");
     let observed = report.activations.iter().find(|r| r.value == "cat_out").unwrap();
     let (lo, hi) = observed.observed.unwrap();
-    let want = QScheme::new(QType::U8, false, Convention::PyTorch).qparams(lo, hi);
+    // x86 activations are PyTorch's x86 qconfig's: quint8 with reduce_range, [0, 127].
+    let want = QScheme { reduce_range: true, ..QScheme::new(QType::U8, false, Convention::PyTorch) }.qparams(lo, hi);
     assert_eq!((observed.scale, observed.zero_point), (want.scale, want.zero_point), "one range over all members");
     // Sigmoid's output has fixed qparams on x86: scale 1/256, zero point 0.
     let s = report.activations.iter().find(|r| r.value == "sig_out").unwrap();
@@ -192,6 +193,44 @@ fn residual_add_concat_sharing_fixed_sigmoid_and_float_nodes() {
     assert!(!head_rec.quantized && head_rec.reason.as_deref().unwrap().contains("only float nodes or graph outputs read its output"), "{head_rec:?}");
     // The graph output keeps its name and float type.
     assert_eq!(q.graph.value_name(q.graph.outputs()[0]), "erf_out");
+}
+
+/// The x86 target takes u8 activations within `[0, 127]` (PyTorch's x86 qconfig observes them
+/// with `reduce_range`): a qconfig asking for the full `[0, 255]` leaves the Conv in float with
+/// the constraint and its fix in the reason, and the same qconfig with `quant_range = [0, 127]`
+/// quantizes it, with PyTorch's reduce-range qparams.
+#[test]
+fn x86_takes_seven_bit_activations_and_says_how_to_ask_for_them() {
+    let mut g = Graph::new("g");
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let w = weight(&mut g, "w", &[4, 4, 1, 1], 21);
+    let c = op(&mut g, "Conv", "conv", &[x, w]);
+    let r = op(&mut g, "Relu", "relu", &[c]);
+    g.set_outputs(vec![r]).unwrap();
+    let m = model(g, 13);
+    let backend = BackendConfig::load("x86").unwrap();
+    let samples = qforge_testkit::seeded_feeds(&[("x", &[1, 4, 6, 6])], 4);
+    let with_range = |quant_range: Option<(i64, i64)>| {
+        let mut weights = TensorQConfig::of(QType::S8);
+        (weights.symmetric, weights.per_channel) = (true, true);
+        let activation = TensorQConfig { quant_range, ..TensorQConfig::of(QType::U8) };
+        let mapping = QConfigMapping::global(QConfig { activation: Some(activation), weight: Some(weights) });
+        quantize(&m, &ConfigQuantizer { backend: backend.clone(), mapping }, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap().1
+    };
+    let full = with_range(None);
+    let conv = full.nodes.iter().find(|n| n.name == "conv").unwrap();
+    let why = conv.reason.as_deref().unwrap_or_default();
+    assert!(!conv.quantized && why.contains("[0, 255] exceeds the target's [0, 127]") && why.contains("quant_range = [0, 127]"), "{conv:?}");
+    let seven = with_range(Some((0, 127)));
+    assert!(seven.nodes.iter().all(|n| n.quantized), "{:?}", seven.nodes);
+    let default = run(&m, "x86", &[("x", &[1, 4, 6, 6])]).1;
+    for report in [&seven, &default] {
+        let input = report.activations.iter().find(|a| a.value == "x").unwrap();
+        let (lo, hi) = input.observed.unwrap();
+        let want = QScheme { reduce_range: true, ..QScheme::new(QType::U8, false, Convention::PyTorch) }.qparams(lo, hi);
+        assert_eq!((input.scale, input.zero_point), (want.scale, want.zero_point));
+        assert!(((hi.max(0.0) - lo.min(0.0)) / input.scale - 127.0).abs() < 1e-3, "the observed range spans 127 steps: {input:?}");
+    }
 }
 
 /// A Concat of a Sigmoid's output and a Conv's output cannot share the Sigmoid's fixed [0, 1]
@@ -227,7 +266,7 @@ fn concat_of_a_fixed_qparams_output_and_a_wider_one_keeps_the_wider_range() {
     assert!(!cat.fixed);
     let (lo, hi) = cat.observed.unwrap();
     assert!(lo < -1.0 && hi > 1.0, "conv_b spans more than [0, 1]: {lo} {hi}");
-    let want = QScheme::new(QType::U8, false, Convention::PyTorch).qparams(lo, hi);
+    let want = QScheme { reduce_range: true, ..QScheme::new(QType::U8, false, Convention::PyTorch) }.qparams(lo, hi);
     assert_eq!((cat.scale, cat.zero_point), (want.scale, want.zero_point), "the Concat's qparams cover its observed range");
 }
 
