@@ -228,7 +228,7 @@ fn print_text(j: &Json) {
     let weights = pairs["weights"].as_u64().unwrap_or(0);
     if !saturating.is_empty() {
         println!("warning    {} of {weights} u8 x s8 weights have pairs whose 16-bit sum can saturate in ONNX Runtime on x86 CPUs without VNNI \
-            (255 x (|a| + |b|) > 32767), so there its results leave the ONNX semantics; qforge's ort backend avoids them (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
+            (255 x (|a| + |b|) > 32767 at full u8 range), so there its results can leave the ONNX semantics; qforge's ort backend fits them to the calibrated reach of each input channel (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
         let mut worst: Vec<&Json> = saturating.iter().collect();
         worst.sort_by_key(|s| std::cmp::Reverse(s["pairs"].as_u64()));
         for s in worst.iter().take(5) {

@@ -335,11 +335,14 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     if let Some(path) = &args.report {
         write_report(&args, path, &model, qdq.as_ref().unwrap_or(&quantized), &report, &samples)?;
     }
-    // The largest integer each u8 activation reaches on the calibration data.
+    // A backend with `pair_sum_max` fits its weights to the reach of every input channel
+    // (`qforge_quant::pair_sums`); for the others, the u8 x s8 weights whose pairs can saturate
+    // for activations within their calibrated ranges (the largest integer each reaches).
+    let fitted = args.quantizer.backend != "htp" && BackendConfig::load(&args.quantizer.backend).is_ok_and(|b| b.pair_sum_max(qforge_quant::QType::S8).is_some());
     let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
         .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
         .collect();
-    let saturating = crate::inspect::pair_sums(&quantized, &|v| reach.get(v).copied());
+    let saturating = (!fitted).then(|| crate::inspect::pair_sums(&quantized, &|v| reach.get(v).copied()));
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
         println!("{}", serde_json::json!({
@@ -368,9 +371,9 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         if let Some(c) = &report.output_check {
             eprint!("{}", c.summary());
         }
-        if let Some(over) = saturating["saturating"].as_array().filter(|s| !s.is_empty()) {
+        if let Some((s, over)) = saturating.as_ref().and_then(|s| Some((s, s["saturating"].as_array().filter(|o| !o.is_empty())?))) {
             eprintln!("warning: {} of {} u8 x s8 weights have pairs whose 16-bit sum ONNX Runtime's kernels can saturate on x86 CPUs without VNNI (AVX2-only) for activations within their calibrated ranges: there, ONNX Runtime can compute other outputs than these qparams give and than the check above measured (first: weight '{}' of node '{}', {} of {} pairs); --backend ort fits the weights so that none does, and `qforge inspect` lists them",
-                over.len(), saturating["weights"], over[0]["weight"].as_str().unwrap_or(""), over[0]["node"].as_str().unwrap_or(""), over[0]["pairs"], over[0]["of"]);
+                over.len(), s["weights"], over[0]["weight"].as_str().unwrap_or(""), over[0]["node"].as_str().unwrap_or(""), over[0]["pairs"], over[0]["of"]);
         }
         eprintln!("wrote {}", args.output.display());
     }

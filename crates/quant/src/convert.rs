@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use qforge_ir::{Attr, DType, Elem, Graph, Node, NodeId, Patch, Tensor, ValueId, CAPTURE_USE};
 
 use crate::pipeline::InputStats;
-use crate::pair_sums::{reduction_pairs, PairedWeight};
+use crate::pair_sums::{reduction_channel, reduction_pairs, PairedWeight, FULL_REACH};
 use crate::weight_rounding::Grid;
 use crate::observer::AxisLayout;
 use crate::prepare::{concat_inputs, edge_value, qtype_of, resolve, Group, QuantPlan};
@@ -604,6 +604,26 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         let node = em.g.node(x.node).expect("annotated nodes are live");
         (node.name.clone(), node.op_type.clone(), em.g.value_name(x.value).to_string(), x.levels, x.observed, x.output_range)
     }).collect();
+    // The u8 value each input channel of a pair-fitted weight's readers reaches: the largest
+    // over the readers, so one fit serves a weight that several nodes read; `None` (every
+    // channel at full reach) when a reader was not observed or its input has no u8 qparams.
+    // The calibrated qparams count whether or not the reader's input edge is quantized, so a
+    // unit kept float (sensitivity, accuracy budget) leaves the weights as they were.
+    let weight_reach = |v: ValueId| -> Option<Vec<i64>> {
+        let maxima = stats.maxima.as_ref()?;
+        let mut reach: Option<Vec<i64>> = None;
+        for &(n, _) in g.consumers(v).iter().filter(|&&(n, i)| i == 1 && a.nodes.contains_key(&n)) {
+            let x = g.node(n).ok()?.input(0)?;
+            let qx = act_params.get(&(x, QType::U8))?;
+            let r = maxima.reach(gi, n, *qx)?;
+            match &mut reach {
+                Some(acc) if acc.len() == r.len() => acc.iter_mut().zip(&r).for_each(|(a, &b)| *a = (*a).max(b)),
+                Some(_) => return None,
+                None => reach = Some(r),
+            }
+        }
+        reach
+    };
     // Constants: weights first (bias scales depend on them), then biases.
     let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
     // A weight that several nodes read alike (an unrolled recurrence's, once per step) is
@@ -635,7 +655,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                         None => {
                             let mut c = quantize_const(data, shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
                             if i == 1 {
-                                finish_weight(g, gi, n, stats, data, &mut c, spec, true, &mut em.log)?;
+                                finish_weight(g, gi, n, stats, weight_reach(v).as_deref(), data, &mut c, spec, true, &mut em.log)?;
                             }
                             if let Some(k) = key {
                                 let record = em.log.pair_sums_fitted.iter().find(|r| r.0 == node.display_name(n)).cloned();
@@ -707,7 +727,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             *w = quantize_const(data, shape, &spec, Some(&scales), false)?;
             if wi == 1 {
                 em.log.gptq_rounded.retain(|r| r.0 != g.node(wn).map(|x| x.display_name(wn)).unwrap_or_default());
-                finish_weight(g, gi, wn, stats, data, w, &spec, false, &mut em.log)?;
+                finish_weight(g, gi, wn, stats, weight_reach(wv).as_deref(), data, w, &spec, false, &mut em.log)?;
             }
             em.log.bias_adjusted.push((g.value_name(wv), changed));
             if correction.is_some() {
@@ -782,15 +802,21 @@ type PairSumsRecord = (String, String, String, usize, usize, usize);
 /// The integers of `c`, the quantized weight `data` of node `n` (input 1), as the target takes
 /// them: with the spec's `pair_sum_max` ([`crate::pair_sums`]), scales first moved (with
 /// `rescale`) to where paired weights fit best, then the rounding ([`round_weight`]), then pairs
-/// still over the constraint projected onto it, and what changed logged.
+/// still over the constraint projected onto it, and what changed logged. `reach` is the u8
+/// value each input channel of the activation reaches (full range when absent).
 #[allow(clippy::too_many_arguments)]
-fn finish_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, data: &[f32], c: &mut QuantizedConst, spec: &QuantizationSpec, rescale: bool, log: &mut ConvertLog) -> Result<(), String> {
+fn finish_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, reach: Option<&[i64]>, data: &[f32], c: &mut QuantizedConst, spec: &QuantizationSpec, rescale: bool, log: &mut ConvertLog) -> Result<(), String> {
     let node = g.node(n).map_err(|e| e.to_string())?;
     let pairs = spec.pair_sum_max.and_then(|max| Some((max, reduction_pairs(node, &c.shape)?)));
     let Some((max, pairs)) = pairs else { return round_weight(g, gi, n, stats, data, c, spec, log) };
     let (layout, _) = ParamLayout::new(&c.shape, granularity_of(c))?;
     let param_of = move |e: usize| layout.param(e);
-    let paired = PairedWeight { data, param_of: &param_of, range: spec.scheme.qrange(), pairs: &pairs, max };
+    let channel = reduction_channel(node, &c.shape);
+    let element_reach = |e: usize| match (reach, &channel) {
+        (Some(r), Some(ch)) => r.get(ch(e)).copied().unwrap_or(FULL_REACH),
+        _ => FULL_REACH,
+    };
+    let paired = PairedWeight { data, param_of: &param_of, range: spec.scheme.qrange(), pairs: &pairs, max, reach: &element_reach };
     let mut rescaled = 0;
     if rescale {
         let factors = paired.pair_scales(&c.params);

@@ -9,6 +9,15 @@
 //! `−255 · 128` fit in 16 bits); qforge then chooses integers for which no such pair can
 //! saturate, so the model gives the same results on every CPU.
 //!
+//! What a pair can add up to depends on the activations it multiplies. During calibration
+//! [`InputMaxima`] records, per input channel of each such weight's activation, its largest
+//! value; through the activation's u8 qparams, with [`REACH_HEADROOM`] above it, that is the
+//! channel's *reach* `r`, at most 255. The constraint on two same-sign integers is then
+//! `r_a·|q_a| + r_b·|q_b| <= 255 · pair_sum_max`, which at full reach is `|q_a| + |q_b| <=
+//! pair_sum_max`. Channels whose activations stay small (most of them, in networks whose
+//! channel ranges differ) leave their weights at full range; the results equal ONNX semantics
+//! on every CPU for activations within the reach of their channels.
+//!
 //! Which weights are paired is the kernel's reduction order ([`reduction_pairs`]), measured
 //! against ONNX Runtime 1.31: element `2m` with `2m + 1` along the reduction of one output
 //! channel. `crates/quant/tests/pair_sums.rs` (weights whose every pair would saturate) and
@@ -23,8 +32,14 @@
 //! weights, one whose large weight sits among thousands of small ones gets part of the rise
 //! and has that pair pulled in the rest of the way.
 
-use qforge_ir::Node;
+use std::collections::{BTreeMap, HashMap};
 
+use qforge_ir::{Graph, GraphPath, Node, NodeId, Tensor, ValueId};
+use qforge_runtime::ValueEvent;
+
+use crate::bias_correction::{main_graph_values, plan_graph_of};
+use crate::prepare::QuantPlan;
+use crate::spec::Spec;
 use crate::QParams;
 
 /// The pairs of weight elements (flat indices into a weight of `shape`, read as input 1 of
@@ -79,15 +94,25 @@ pub fn overflows(a: i64, b: i64, max: i64) -> bool {
     a.signum() == b.signum() && a.abs() + b.abs() > max
 }
 
+/// The largest u8 activation: the reach [`PairedWeight::reach`] assumes when nothing smaller
+/// is known, at which `pair_sum_max` is the limit on `|a| + |b|`.
+pub const FULL_REACH: i64 = 255;
+
 /// A quantized weight being fitted: float values, the parameter each element uses, the integer
-/// range, the pairs ([`reduction_pairs`]) and their limit.
+/// range, the pairs ([`reduction_pairs`]), their limit, and how far the activations they
+/// multiply reach.
 pub struct PairedWeight<'a> {
     pub data: &'a [f32],
     pub param_of: &'a (dyn Fn(usize) -> usize + Sync),
     pub range: (i64, i64),
     pub pairs: &'a [[usize; 2]],
-    /// The largest `|q_a| + |q_b|` of a same-sign pair.
+    /// The target's `pair_sum_max`: the largest `|q_a| + |q_b|` of a same-sign pair read
+    /// against activations at [`FULL_REACH`]. A pair is within the target's 16-bit sum when
+    /// `r_a·|q_a| + r_b·|q_b| <= FULL_REACH · max`.
     pub max: i64,
+    /// The largest u8 value of the activation element `e` multiplies (`0..=255`): its input
+    /// channel's calibrated maximum with headroom, or [`FULL_REACH`].
+    pub reach: &'a (dyn Fn(usize) -> i64 + Sync),
 }
 
 /// Scale multipliers tried between the min/max scale (factor 1) and the scale at which the
@@ -95,36 +120,49 @@ pub struct PairedWeight<'a> {
 const SCALE_STEPS: usize = 16;
 
 impl PairedWeight<'_> {
-    /// The integers `(a, b)` of a pair whose same-sign sum exceeds [`Self::max`] moved onto the
-    /// constraint: both magnitudes lowered by the same real amount (the least-squares point of
-    /// `|a| + |b| = max`), then rounded so that they sum to `max` exactly. Pairs within the
-    /// constraint come back unchanged.
-    pub fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
-        self.fit_values([self.data[a], self.data[b]], qa, qb, pa, pb)
+    /// The limit on a pair's sum of products, `FULL_REACH · max`.
+    fn limit(&self) -> i64 {
+        FULL_REACH * self.max
     }
 
-    /// [`Self::fit`] of a pair given by its float values `[x, y]`.
-    fn fit_values(&self, [x, y]: [f32; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
+    /// Whether integers `da`, `db` (zero point removed) read against activations reaching `ra`,
+    /// `rb` can exceed the limit: of one sign, with `ra·|da| + rb·|db| > limit`.
+    fn over(&self, da: i64, db: i64, [ra, rb]: [i64; 2]) -> bool {
+        da.signum() == db.signum() && ra * da.abs() + rb * db.abs() > self.limit()
+    }
+
+    /// The integers `(a, b)` of a pair whose same-sign sum of products exceeds the limit moved
+    /// onto it: the least-squares point of `r_a·|a| + r_b·|b| = limit` (both magnitudes lowered
+    /// in proportion to their reach), then rounded so that the sum stays within the limit.
+    /// Pairs within the constraint come back unchanged.
+    pub fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
+        self.fit_values([self.data[a], self.data[b]], [(self.reach)(a), (self.reach)(b)], qa, qb, pa, pb)
+    }
+
+    /// [`Self::fit`] of a pair given by its float values `[x, y]` and reaches.
+    fn fit_values(&self, [x, y]: [f32; 2], reach: [i64; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
         let (da, db) = (qa - pa.zero_point, qb - pb.zero_point);
-        if !overflows(da, db, self.max) {
+        if !self.over(da, db, reach) {
             return (qa, qb);
         }
+        // Over the limit, both reaches are at least 1 (one product alone stays within it).
+        let [ra, rb] = reach;
         let sign = da.signum();
         let target = |x: f32, p: QParams| (sign as f64 * x as f64 / p.scale as f64).max(0.0);
         let (ta, tb) = (target(x, pa), target(y, pb));
-        let excess = (ta + tb - self.max as f64) / 2.0;
-        let limit = if sign > 0 { self.range.1 - pa.zero_point } else { pa.zero_point - self.range.0 };
-        let ma = ((ta - excess).round().max(0.0) as i64).min(self.max).min(limit);
+        let lambda = (ra as f64 * ta + rb as f64 * tb - self.limit() as f64) / (ra * ra + rb * rb) as f64;
+        let limit_a = if sign > 0 { self.range.1 - pa.zero_point } else { pa.zero_point - self.range.0 };
+        let ma = ((ta - lambda * ra as f64).round().max(0.0) as i64).min(self.limit() / ra).min(limit_a);
         let limit_b = if sign > 0 { self.range.1 - pb.zero_point } else { pb.zero_point - self.range.0 };
-        let mb = (self.max - ma).min(limit_b);
+        let mb = ((self.limit() - ra * ma) / rb).min(limit_b);
         (pa.zero_point + sign * ma, pb.zero_point + sign * mb)
     }
 
     /// For each parameter, the factor (at least 1) to multiply its scale by: among
     /// `SCALE_STEPS + 1` (17) factors from 1 to the one at which the parameter's largest same-sign
-    /// pair sums to [`Self::max`], the one with the least squared error of the parameter's
-    /// elements after nearest rounding and [`Self::fit`] (the smallest factor on ties).
-    /// Parameters with no pair over the constraint keep factor 1.
+    /// pair's sum of products reaches the limit, the one with the least squared error of the
+    /// parameter's elements after nearest rounding and [`Self::fit`] (the smallest factor on
+    /// ties). Parameters with no pair over the constraint keep factor 1.
     pub fn pair_scales(&self, params: &[QParams]) -> Vec<f32> {
         use rayon::prelude::*;
         let mut members: Vec<Members> = (0..params.len()).map(|_| Members::default()).collect();
@@ -136,12 +174,14 @@ impl PairedWeight<'_> {
                 continue;
             }
             let (x, y) = (self.data[a], self.data[b]);
+            let reach = [(self.reach)(a), (self.reach)(b)];
             let m = &mut members[p];
             if x as f64 * y as f64 > 0.0 {
-                m.largest = m.largest.max((x.abs() as f64 + y.abs() as f64) / params[p].scale as f64);
+                m.largest = m.largest.max((reach[0] as f64 * x.abs() as f64 + reach[1] as f64 * y.abs() as f64) / params[p].scale as f64);
             }
             m.pairs += 1;
             m.values.extend([x, y]);
+            m.reaches.push(reach);
         }
         for (e, _) in paired.iter().enumerate().filter(|(_, &x)| !x) {
             members[(self.param_of)(e)].values.push(self.data[e]);
@@ -154,12 +194,12 @@ impl PairedWeight<'_> {
                 let mut over = false;
                 for (j, r) in rounded[..2 * m.pairs].chunks_exact(2).enumerate() {
                     let (da, db) = (r[0] as i64, r[1] as i64);
-                    if !overflows(da, db, self.max) {
+                    if !self.over(da, db, m.reaches[j]) {
                         continue;
                     }
                     over = true;
                     let (x, y) = (m.values[2 * j], m.values[2 * j + 1]);
-                    let (qa, qb) = self.fit_values([x, y], da + q.zero_point, db + q.zero_point, q, q);
+                    let (qa, qb) = self.fit_values([x, y], m.reaches[j], da + q.zero_point, db + q.zero_point, q, q);
                     let e = |x: f32, v: i64| (x as f64 - q.scale as f64 * (v - q.zero_point) as f64).powi(2);
                     total += e(x, qa) + e(y, qb) - e(x, da + q.zero_point) - e(y, db + q.zero_point);
                 }
@@ -169,7 +209,7 @@ impl PairedWeight<'_> {
             if !over || p.scale <= 0.0 {
                 return 1.0;
             }
-            let top = (m.largest / self.max as f64).max(1.0);
+            let top = (m.largest / self.limit() as f64).max(1.0);
             let factors: Vec<f64> = (0..=SCALE_STEPS).map(|k| 1.0 + (top - 1.0) * k as f64 / SCALE_STEPS as f64).collect();
             let errors: Vec<f64> = std::iter::once(first).chain(factors[1..].iter().map(|&f| error(f).0)).collect();
             let best = (0..factors.len()).fold(0, |b, k| if errors[k] < errors[b] { k } else { b });
@@ -193,13 +233,182 @@ impl PairedWeight<'_> {
     }
 }
 
+/// How far above its calibrated maximum an input channel may go before a fitted pair can
+/// saturate: its reach is `zero_point + REACH_HEADROOM · (maximum / scale)`, at most 255.
+pub const REACH_HEADROOM: f64 = 1.25;
+
+/// The axis of an activation that a weighted node reduces over (its input channels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ReductionAxis {
+    Index(usize),
+    Last,
+}
+
+/// The per-input-channel maxima, over the calibration samples, of the activation every weight
+/// with a `pair_sum_max` reads (Conv channels, the `K` columns of Gemm and MatMul), keyed by
+/// (plan graph index, node); merged by maximum, so exact in any order.
+#[derive(Debug, Clone, Default)]
+pub struct InputMaxima {
+    maxima: BTreeMap<(usize, NodeId), Vec<f32>>,
+    /// (plan graph index, activation value) to the nodes reading it and their axes.
+    watch: HashMap<(usize, ValueId), Vec<(NodeId, ReductionAxis)>>,
+    paths: Vec<GraphPath>,
+}
+
+impl InputMaxima {
+    /// Empty maxima for every node of `plan` (graphs of `main`) whose constant weight (input 1)
+    /// is quantized with a `pair_sum_max`.
+    pub fn new(main: &Graph, plan: &QuantPlan) -> InputMaxima {
+        let all = main.graphs();
+        let mut me = InputMaxima { paths: plan.graphs.iter().map(|g| g.path.clone()).collect(), ..Default::default() };
+        for (gi, gp) in plan.graphs.iter().enumerate() {
+            let Some((_, g)) = all.iter().find(|(p, _)| *p == gp.path) else { continue };
+            for (&id, ann) in &gp.annotations.nodes {
+                let Ok(n) = g.node(id) else { continue };
+                let paired = matches!(ann.inputs.get(1), Some(Some(Spec::Quantize(s))) if s.pair_sum_max.is_some());
+                let (Some(x), Some(w)) = (n.input(0), n.input(1)) else { continue };
+                if !paired || !g.value(w).is_ok_and(|v| v.is_constant()) {
+                    continue;
+                }
+                let axis = match n.op_type.as_str() {
+                    "Conv" => ReductionAxis::Index(1),
+                    "Gemm" if n.attr_int("transA").unwrap_or(0) != 0 => ReductionAxis::Index(0),
+                    "Gemm" | "MatMul" => ReductionAxis::Last,
+                    _ => continue,
+                };
+                me.maxima.insert((gi, id), vec![]);
+                me.watch.entry((gi, x)).or_default().push((id, axis));
+            }
+        }
+        me
+    }
+
+    /// Whether any node is watched.
+    pub fn is_empty(&self) -> bool {
+        self.maxima.is_empty()
+    }
+
+    /// The values of the main graph whose maxima are collected.
+    pub(crate) fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
+        main_graph_values(&self.paths, self.watch.keys())
+    }
+
+    /// Streams one produced value into the maxima of the nodes reading it. A reader whose
+    /// input changes its channel count between samples, or is not float, is dropped (its
+    /// weights then assume [`FULL_REACH`]).
+    pub(crate) fn observe(&mut self, event: &ValueEvent, value: &Tensor) {
+        let Some(gi) = plan_graph_of(&self.paths, event) else { return };
+        let Some(readers) = self.watch.get(&(gi, event.value)) else { return };
+        let shape = value.shape();
+        for &(id, axis) in readers {
+            let axis = match axis {
+                ReductionAxis::Index(a) => a,
+                ReductionAxis::Last => shape.len().saturating_sub(1),
+            };
+            let (Ok(data), Some(&channels)) = (value.as_slice::<f32>(), shape.get(axis)) else {
+                self.maxima.remove(&(gi, id));
+                continue;
+            };
+            let Some(m) = self.maxima.get_mut(&(gi, id)) else { continue };
+            if m.is_empty() {
+                *m = vec![f32::NEG_INFINITY; channels];
+            }
+            if m.len() != channels {
+                self.maxima.remove(&(gi, id));
+                continue;
+            }
+            let inner: usize = shape[axis + 1..].iter().product();
+            if inner == 1 {
+                for row in data.chunks_exact(channels.max(1)) {
+                    m.iter_mut().zip(row).for_each(|(a, &x)| *a = if x > *a { x } else { *a });
+                }
+            } else {
+                for (i, chunk) in data.chunks(inner.max(1)).enumerate() {
+                    let c = &mut m[i % channels];
+                    *c = c.max(largest(chunk));
+                }
+            }
+        }
+    }
+
+    /// Adds the maxima of `other` (collected on other samples from a clone of the same empty
+    /// state): elementwise maximum; a node dropped by either is dropped.
+    pub fn merge(&mut self, other: &InputMaxima) {
+        self.maxima.retain(|k, _| other.maxima.contains_key(k));
+        for (k, mine) in &mut self.maxima {
+            let theirs = &other.maxima[k];
+            if mine.is_empty() {
+                mine.clone_from(theirs);
+            } else if !theirs.is_empty() && theirs.len() == mine.len() {
+                mine.iter_mut().zip(theirs).for_each(|(a, &b)| *a = a.max(b));
+            } else if !theirs.is_empty() {
+                mine.clear();
+            }
+        }
+    }
+
+    /// The reach of each input channel of node `id` (plan graph `gi`) read through the u8
+    /// qparams `x`: `zero_point + ceil(REACH_HEADROOM · max(maximum, 0) / scale)`, at most
+    /// [`FULL_REACH`]; `None` when the node was not observed.
+    pub fn reach(&self, gi: usize, id: NodeId, x: QParams) -> Option<Vec<i64>> {
+        let m = self.maxima.get(&(gi, id)).filter(|m| !m.is_empty())?;
+        if !(x.scale > 0.0) {
+            return None;
+        }
+        Some(m.iter().map(|&v| {
+            let steps = (REACH_HEADROOM * (v.max(0.0) as f64 / x.scale as f64)).ceil();
+            (x.zero_point as f64 + steps).clamp(0.0, FULL_REACH as f64) as i64
+        }).collect())
+    }
+}
+
+/// The largest of `xs` (NaN ignored; `-inf` when empty), in eight lanes so that it compiles to
+/// vector max instructions.
+fn largest(xs: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let whole = xs.len() / LANES * LANES;
+    for c in xs[..whole].chunks_exact(LANES) {
+        for k in 0..LANES {
+            lanes[k] = if c[k] > lanes[k] { c[k] } else { lanes[k] };
+        }
+    }
+    xs[whole..].iter().chain(&lanes).fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a })
+}
+
+/// The input channel that weight element `e` of node `node` (weight shape `shape`) multiplies:
+/// Conv `[M, C/g, k..]` its group's channel, Gemm and MatMul the row `k` of `B` (`[K, N]`, or
+/// `[N, K]` with `transB`). `None` for other ops.
+pub fn reduction_channel(node: &Node, shape: &[usize]) -> Option<Box<dyn Fn(usize) -> usize + Sync>> {
+    match node.op_type.as_str() {
+        "Conv" if shape.len() >= 2 => {
+            let (m, cg, taps) = (shape[0], shape[1], shape[2..].iter().product::<usize>());
+            let group = node.attr_int("group").unwrap_or(1).max(1) as usize;
+            let per_group = (m / group).max(1);
+            Some(Box::new(move |e| (e / (cg * taps) / per_group) * cg + (e / taps) % cg))
+        }
+        "Gemm" if shape.len() == 2 => {
+            let (rows, cols) = (shape[0], shape[1]);
+            let trans_b = node.attr_int("transB").unwrap_or(0) != 0;
+            Some(if trans_b { Box::new(move |e| e % cols) } else { Box::new(move |e| (e / cols) % rows) })
+        }
+        "MatMul" if shape.len() >= 2 => {
+            let (k, n) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+            Some(Box::new(move |e| (e / n.max(1)) % k.max(1)))
+        }
+        _ => None,
+    }
+}
+
 /// One parameter's elements as [`PairedWeight::pair_scales`] searches them: its `pairs` pairs'
 /// values first (`[x, y]` after each other), then the values paired with no other element of it.
 #[derive(Default)]
 struct Members {
     values: Vec<f32>,
     pairs: usize,
-    /// The largest `(|x| + |y|) / scale` of a same-sign pair.
+    /// The reaches of each pair's two elements.
+    reaches: Vec<[i64; 2]>,
+    /// The largest `(r_x·|x| + r_y·|y|) / scale` of a same-sign pair.
     largest: f64,
 }
 
@@ -296,7 +505,7 @@ mod tests {
     }
 
     fn weight<'a>(data: &'a [f32], pairs: &'a [[usize; 2]], param_of: &'a (dyn Fn(usize) -> usize + Sync)) -> PairedWeight<'a> {
-        PairedWeight { data, param_of, range: (-128, 127), pairs, max: 128 }
+        PairedWeight { data, param_of, range: (-128, 127), pairs, max: 128, reach: &|_| FULL_REACH }
     }
 
     #[test]
@@ -309,6 +518,28 @@ mod tests {
         // Each over-the-limit pair lands on |a| + |b| = 128, both moved by the same amount
         // (to within rounding); opposite signs cannot saturate and stay.
         assert_eq!(q, vec![64, 64, 123, 5, -69, -59, 127, -127]);
+    }
+
+    #[test]
+    fn pairs_are_bounded_by_the_reach_of_the_activations_they_multiply() {
+        // Three pairs at (127, 127). Against activations reaching 100, 100·254 = 25400 fits
+        // 255·128 = 32640 as it is; against 200 the pair lands on 200·(|a| + |b|) <= 32640
+        // (at most 163 together, tight); against 255 and 50 the element read against the far
+        // reaching activation gives up more (least squares on the weighted constraint).
+        let data = [1.27f32; 6];
+        let pairs = [[0, 1], [2, 3], [4, 5]];
+        let reach = |e: usize| [100, 100, 200, 200, 255, 50][e];
+        let p = [QParams { scale: 0.01, zero_point: 0 }];
+        let w = PairedWeight { data: &data, param_of: &|_| 0, range: (-128, 127), pairs: &pairs, max: 128, reach: &reach };
+        let mut q = vec![127i64; 6];
+        assert_eq!(w.project_pairs(&mut q, &p), 2);
+        assert_eq!(q[..2], [127, 127]);
+        assert!(200 * (q[2] + q[3]) <= 32640 && 200 * (q[2] + q[3] + 1) > 32640, "{q:?}");
+        assert!(255 * q[4] + 50 * q[5] <= 32640 && q[5] > q[4], "{q:?}");
+        // The scale search sees the same constraint: at reach 100 nothing needs a rise.
+        let low = |_| 100;
+        let w = PairedWeight { reach: &low, ..w };
+        assert_eq!(w.pair_scales(&p), [1.0]);
     }
 
     #[test]

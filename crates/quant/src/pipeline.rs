@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
+use crate::pair_sums::InputMaxima;
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
 use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, matmul_add_to_gemm, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
@@ -455,13 +456,16 @@ pub struct InputStats {
     pub means: Option<InputMeans>,
     /// The input second moments of GPTQ rounding ([`crate::weight_rounding`]).
     pub grams: Option<InputGrams>,
+    /// The per-channel input maxima of weights fitted to pair sums ([`crate::pair_sums`]).
+    pub maxima: Option<InputMaxima>,
 }
 
 impl InputStats {
     /// The values of the main graph whose statistics are collected.
     fn main_graph_values(&self) -> impl Iterator<Item = ValueId> + '_ {
         let means = self.means.iter().flat_map(|m| m.main_graph_values());
-        means.chain(self.grams.iter().flat_map(|g| g.main_graph_values()))
+        let maxima = self.maxima.iter().flat_map(|m| m.main_graph_values());
+        means.chain(self.grams.iter().flat_map(|g| g.main_graph_values())).chain(maxima)
     }
 
     /// Empty statistics of what `opts` asks weight quantization to use, for the nodes of `plan`
@@ -470,6 +474,7 @@ impl InputStats {
         InputStats {
             means: opts.bias_correction.then(|| InputMeans::new(&m.graph, plan)),
             grams: (opts.weight_rounding != WeightRounding::Nearest).then(|| InputGrams::new(&m.graph, plan, samples, opts.weight_rounding)).filter(|g| opts.weight_rounding == WeightRounding::Gptq || !g.is_empty() || !g.skipped.is_empty()),
+            maxima: Some(InputMaxima::new(&m.graph, plan)).filter(|m| !m.is_empty()),
         }
     }
 
@@ -481,6 +486,9 @@ impl InputStats {
         }
         if let (Some(g), Some(o)) = (&mut self.grams, &other.grams) {
             g.merge(o);
+        }
+        if let (Some(m), Some(o)) = (&mut self.maxima, &other.maxima) {
+            m.merge(o);
         }
     }
 }
@@ -500,6 +508,9 @@ impl<H: Hooks> Hooks for WithInputStats<'_, H> {
         }
         if let Some(g) = &mut self.stats.grams {
             g.observe(event, seen);
+        }
+        if let Some(m) = &mut self.stats.maxima {
+            m.observe(event, seen);
         }
         replaced
     }

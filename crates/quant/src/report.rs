@@ -497,7 +497,7 @@ impl Report {
         let rescaled: usize = self.pair_sums.iter().map(|r| r.rescaled).sum();
         let channels: usize = self.pair_sums.iter().map(|r| r.channels).sum();
         let projected: usize = self.pair_sums.iter().map(|r| r.projected_pairs).sum();
-        Some(format!("{} weight(s) fitted so that no two weights the target adds into one 16-bit sum can overflow it (ONNX Runtime's u8 x s8 kernels on x86 without VNNI): \
+        Some(format!("{} weight(s) fitted so that no two weights the target adds into one 16-bit sum can overflow it with activations within their channels' calibrated reach (ONNX Runtime's u8 x s8 kernels on x86 without VNNI): \
             {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them)", self.pair_sums.len()))
     }
 

@@ -139,6 +139,39 @@ fn seven_bit_activations_keep_full_range_weights_exact_in_onnx_runtime_on_every_
     }
 }
 
+/// A grouped Conv whose input channels reach differently: the first group's two channels span
+/// `[0, 1]`, the second group's stay within `[0, 0.05]`. The second group's output channels can
+/// keep their weights at full range (their products stay small): half the channel scales rise
+/// where all do when every input spans `[0, 1]`, and ONNX Runtime still computes qforge's exact
+/// outputs on the calibration samples.
+#[test]
+fn weights_read_against_dim_channels_keep_their_range_and_stay_exact() {
+    let m = model("Conv", &[("pads", Attr::Ints(vec![1; 4])), ("group", Attr::Int(2))], &[1, 4, 8, 8], &[8, 2, 3, 3], 0, true);
+    let n = 4 * 64;
+    let feed = |v: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&[1, 4, 8, 8], v).unwrap())];
+    let dim = |v: Vec<f32>| v.into_iter().enumerate().map(|(i, x)| if i < 128 { x } else { 0.05 * x }).collect::<Vec<f32>>();
+    let bright: Vec<Vec<(String, Tensor)>> = vec![feed(vec![1.0; n]), feed(noise(1, n, 0.0, 1.0))];
+    let dimmed: Vec<Vec<(String, Tensor)>> = vec![feed(dim(vec![1.0; n])), feed(dim(noise(1, n, 0.0, 1.0)))];
+    let raised = |calibration: &Vec<Vec<(String, Tensor)>>| -> (usize, qforge_ir::Model) {
+        let backend = ort_backend(true);
+        let mapping = default_mapping(&backend, RangeName::Minmax, true);
+        let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, calibration, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+        (report.pair_sums.first().map_or(0, |r| r.rescaled), q)
+    };
+    let (all, _) = raised(&bright);
+    let (few, q) = raised(&dimmed);
+    assert_eq!((all, few), (8, 4), "channel scales raised with bright inputs, with a dim group");
+    let tmp = TempDir::new("pair-sums-dim");
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    for input in dimmed {
+        let ours = qforge_runtime::Session::new(&q).unwrap().run(input.clone()).unwrap();
+        let theirs = ort_run_with(&path, &input, 1, true);
+        let (diff, same) = compare(&theirs[0].1, &ours[0].1, 1e-6, 1e-6);
+        assert!(same, "ONNX Runtime is {diff} off qforge on a calibration sample");
+    }
+}
+
 /// A weight read by two MatMuls (an unrolled recurrence reads one per step) is fitted once and
 /// stored once: both nodes are reported with the same fitting, and both read the one quantized
 /// weight, whose integers ONNX Runtime (fusions on) runs to qforge's outputs (to float
