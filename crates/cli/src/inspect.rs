@@ -109,9 +109,9 @@ impl Walk<'_> {
 /// at run time, `QuantizeLinear` of a float constant, counts with the integers it becomes) and
 /// its types inferred: how many, and for each with pairs that kernel adds into one 16-bit sum
 /// that can saturate on x86 CPUs without VNNI (`qforge_quant::pair_sums`), how many such pairs.
-/// `activation_max(name)` is the largest u8 the float value `name` is quantized to (255 when
-/// nothing bounds it; x86's 7-bit activations reach 127), and the limit on `|a| + |b|` is
-/// `32767 / activation_max`.
+/// `activation_max(name)` is the largest u8 the float value `name` reaches, when the caller
+/// knows it (`quantize` does, from calibration; `inspect` does not and assumes 255), and the
+/// limit on `|a| + |b|` is `32767 / activation_max`.
 pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i64>) -> Json {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);

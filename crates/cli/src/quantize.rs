@@ -338,7 +338,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     // A backend with `pair_sum_max` fits its weights to the reach of every input channel
     // (`qforge_quant::pair_sums`); for the others, the u8 x s8 weights whose pairs can saturate
     // for activations within their calibrated ranges (the largest integer each reaches).
-    let fitted = args.quantizer.backend != "htp" && BackendConfig::load(&args.quantizer.backend).is_ok_and(|b| b.pair_sum_max(qforge_quant::QType::S8).is_some());
+    let fitted = BackendConfig::load(&args.quantizer.backend).is_ok_and(|b| b.pair_sum_max(qforge_quant::QType::S8).is_some());
     let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
         .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
         .collect();

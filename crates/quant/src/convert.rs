@@ -607,8 +607,9 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     // The u8 value each input channel of a pair-fitted weight's readers reaches: the largest
     // over the readers, so one fit serves a weight that several nodes read; `None` (every
     // channel at full reach) when a reader was not observed or its input has no u8 qparams.
-    // The calibrated qparams count whether or not the reader's input edge is quantized, so a
-    // unit kept float (sensitivity, accuracy budget) leaves the weights as they were.
+    // The reach comes from the input's calibrated qparams even where the reader's input edge
+    // is left float (a unit returned to float by sensitivity or the accuracy budget), so
+    // returning a unit to float never changes the integers of a weight.
     let weight_reach = |v: ValueId| -> Option<Vec<i64>> {
         let maxima = stats.maxima.as_ref()?;
         let mut reach: Option<Vec<i64>> = None;

@@ -132,9 +132,10 @@ impl PairedWeight<'_> {
     }
 
     /// The integers `(a, b)` of a pair whose same-sign sum of products exceeds the limit moved
-    /// onto it: the least-squares point of `r_a·|a| + r_b·|b| = limit` (both magnitudes lowered
-    /// in proportion to their reach), then rounded so that the sum stays within the limit.
-    /// Pairs within the constraint come back unchanged.
+    /// onto it: around the least-squares point of `r_a·|a| + r_b·|b| = limit` (both magnitudes
+    /// lowered in proportion to their reach), `|a|` rounded either way, `|b|` as large as the
+    /// limit then allows, neither above its magnitude before; the candidate with the least
+    /// squared error. Pairs within the constraint come back unchanged.
     pub fn fit(&self, [a, b]: [usize; 2], qa: i64, qb: i64, pa: QParams, pb: QParams) -> (i64, i64) {
         self.fit_values([self.data[a], self.data[b]], [(self.reach)(a), (self.reach)(b)], qa, qb, pa, pb)
     }
@@ -145,16 +146,25 @@ impl PairedWeight<'_> {
         if !self.over(da, db, reach) {
             return (qa, qb);
         }
-        // Over the limit, both reaches are at least 1 (one product alone stays within it).
-        let [ra, rb] = reach;
+        // Over the limit, at least one reach is positive.
+        let ([ra, rb], limit) = (reach, self.limit());
+        let (na, nb) = (da.abs(), db.abs());
         let sign = da.signum();
         let target = |x: f32, p: QParams| (sign as f64 * x as f64 / p.scale as f64).max(0.0);
         let (ta, tb) = (target(x, pa), target(y, pb));
-        let lambda = (ra as f64 * ta + rb as f64 * tb - self.limit() as f64) / (ra * ra + rb * rb) as f64;
-        let limit_a = if sign > 0 { self.range.1 - pa.zero_point } else { pa.zero_point - self.range.0 };
-        let ma = ((ta - lambda * ra as f64).round().max(0.0) as i64).min(self.limit() / ra).min(limit_a);
-        let limit_b = if sign > 0 { self.range.1 - pb.zero_point } else { pb.zero_point - self.range.0 };
-        let mb = ((self.limit() - ra * ma) / rb).min(limit_b);
+        let lambda = (ra as f64 * ta + rb as f64 * tb - limit as f64) / (ra * ra + rb * rb) as f64;
+        let most = |r: i64, spent: i64, cap: i64| if r == 0 { cap } else { ((limit - spent) / r).clamp(0, cap) };
+        let top_a = most(ra, 0, na);
+        let a_star = (ta - lambda * ra as f64).clamp(0.0, top_a as f64);
+        let near = a_star.round() as i64;
+        let other = if (near as f64) < a_star { near + 1 } else { near - 1 }.clamp(0, top_a);
+        let error = |ma: i64, mb: i64| (ta - ma as f64).powi(2) + (tb - mb as f64).powi(2);
+        let (ma, mb) = [near, other].into_iter().map(|ma| (ma, most(rb, ra * ma, nb)))
+            .fold(None, |best: Option<(i64, i64)>, c| match best {
+                Some(b) if error(b.0, b.1) <= error(c.0, c.1) => Some(b),
+                _ => Some(c),
+            })
+            .expect("two candidates");
         (pa.zero_point + sign * ma, pb.zero_point + sign * mb)
     }
 
@@ -234,8 +244,13 @@ impl PairedWeight<'_> {
 }
 
 /// How far above its calibrated maximum an input channel may go before a fitted pair can
-/// saturate: its reach is `zero_point + REACH_HEADROOM · (maximum / scale)`, at most 255.
+/// saturate: its reach is `zero_point + max(REACH_HEADROOM · m, m + REACH_MIN_STEPS)` for a
+/// maximum `m` steps above the zero point, at most 255. The additive part keeps a channel that
+/// stayed at or below zero during calibration (a dead ReLU channel) from reaching nothing.
 pub const REACH_HEADROOM: f64 = 1.25;
+
+/// See [`REACH_HEADROOM`]: the least headroom, in steps of the activation's u8 grid.
+pub const REACH_MIN_STEPS: f64 = 16.0;
 
 /// The axis of an activation that a weighted node reduces over (its input channels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -265,7 +280,9 @@ impl InputMaxima {
             let Some((_, g)) = all.iter().find(|(p, _)| *p == gp.path) else { continue };
             for (&id, ann) in &gp.annotations.nodes {
                 let Ok(n) = g.node(id) else { continue };
-                let paired = matches!(ann.inputs.get(1), Some(Some(Spec::Quantize(s))) if s.pair_sum_max.is_some());
+                // Weights whose two largest magnitudes fit the limit (`--reduce-range`) need no reach.
+                let paired = matches!(ann.inputs.get(1), Some(Some(Spec::Quantize(s)))
+                    if s.pair_sum_max.is_some_and(|max| { let (lo, hi) = s.scheme.qrange(); 2 * lo.abs().max(hi.abs()) > max }));
                 let (Some(x), Some(w)) = (n.input(0), n.input(1)) else { continue };
                 if !paired || !g.value(w).is_ok_and(|v| v.is_constant()) {
                     continue;
@@ -332,31 +349,33 @@ impl InputMaxima {
     }
 
     /// Adds the maxima of `other` (collected on other samples from a clone of the same empty
-    /// state): elementwise maximum; a node dropped by either is dropped.
+    /// state): elementwise maximum; a node dropped by either, or seen with two channel counts,
+    /// is dropped, so the result does not depend on the order of merges.
     pub fn merge(&mut self, other: &InputMaxima) {
-        self.maxima.retain(|k, _| other.maxima.contains_key(k));
-        for (k, mine) in &mut self.maxima {
-            let theirs = &other.maxima[k];
+        self.maxima.retain(|k, mine| {
+            let Some(theirs) = other.maxima.get(k) else { return false };
             if mine.is_empty() {
                 mine.clone_from(theirs);
-            } else if !theirs.is_empty() && theirs.len() == mine.len() {
+            } else if theirs.len() == mine.len() {
                 mine.iter_mut().zip(theirs).for_each(|(a, &b)| *a = a.max(b));
             } else if !theirs.is_empty() {
-                mine.clear();
+                return false;
             }
-        }
+            true
+        });
     }
 
     /// The reach of each input channel of node `id` (plan graph `gi`) read through the u8
-    /// qparams `x`: `zero_point + ceil(REACH_HEADROOM · max(maximum, 0) / scale)`, at most
-    /// [`FULL_REACH`]; `None` when the node was not observed.
+    /// qparams `x` ([`REACH_HEADROOM`], rounded up), at most [`FULL_REACH`]; `None` when the
+    /// node was not observed.
     pub fn reach(&self, gi: usize, id: NodeId, x: QParams) -> Option<Vec<i64>> {
         let m = self.maxima.get(&(gi, id)).filter(|m| !m.is_empty())?;
         if !(x.scale > 0.0) {
             return None;
         }
         Some(m.iter().map(|&v| {
-            let steps = (REACH_HEADROOM * (v.max(0.0) as f64 / x.scale as f64)).ceil();
+            let m = v.max(0.0) as f64 / x.scale as f64;
+            let steps = (REACH_HEADROOM * m).max(m + REACH_MIN_STEPS).ceil();
             (x.zero_point as f64 + steps).clamp(0.0, FULL_REACH as f64) as i64
         }).collect())
     }
@@ -381,7 +400,7 @@ fn largest(xs: &[f32]) -> f32 {
 /// `[N, K]` with `transB`). `None` for other ops.
 pub fn reduction_channel(node: &Node, shape: &[usize]) -> Option<Box<dyn Fn(usize) -> usize + Sync>> {
     match node.op_type.as_str() {
-        "Conv" if shape.len() >= 2 => {
+        "Conv" if shape.len() >= 3 => {
             let (m, cg, taps) = (shape[0], shape[1], shape[2..].iter().product::<usize>());
             let group = node.attr_int("group").unwrap_or(1).max(1) as usize;
             let per_group = (m / group).max(1);
@@ -536,6 +555,17 @@ mod tests {
         assert_eq!(q[..2], [127, 127]);
         assert!(200 * (q[2] + q[3]) <= 32640 && 200 * (q[2] + q[3] + 1) > 32640, "{q:?}");
         assert!(255 * q[4] + 50 * q[5] <= 32640 && q[5] > q[4], "{q:?}");
+        // A far-reaching element next to a barely reaching one: shaving the first by two steps
+        // costs less than cutting the second by a fifth. A reach of zero (with a limit below
+        // the largest weight, as a backend file may declare) constrains only the other element.
+        let skew = |e: usize| [255, 5][e % 2];
+        let mut q = vec![127i64; 2];
+        PairedWeight { pairs: &pairs[..1], reach: &skew, ..w }.project_pairs(&mut q, &p);
+        assert_eq!(q, [125, 127]);
+        let zero = |e: usize| [255, 0][e % 2];
+        let mut q = vec![127i64; 2];
+        PairedWeight { pairs: &pairs[..1], reach: &zero, max: 100, ..w }.project_pairs(&mut q, &p);
+        assert_eq!(q, [100, 127]);
         // The scale search sees the same constraint: at reach 100 nothing needs a rise.
         let low = |_| 100;
         let w = PairedWeight { reach: &low, ..w };

@@ -115,9 +115,10 @@ fn weights_fitted_to_pair_sums_run_exactly_in_onnx_runtime_on_every_cpu() {
 }
 
 /// The `x86` backend keeps activations within `[0, 127]`, as PyTorch's x86 qconfig does
-/// (`reduce_range`), so its unfitted full-range s8 weights cannot saturate a pair sum
-/// (`2 · 127 · 128 < 32767`): ONNX Runtime runs the same weights to qforge's outputs on every
-/// CPU. At full u8 range they saturate on a CPU without VNNI.
+/// (`reduce_range`), so its unfitted full-range s8 weights cannot saturate a pair sum for
+/// inputs within the calibrated range (`2 · 127 · 128 < 32767`): ONNX Runtime runs the same
+/// weights to qforge's outputs on every CPU. At full u8 range they saturate on a CPU without
+/// VNNI.
 #[test]
 fn seven_bit_activations_keep_full_range_weights_exact_in_onnx_runtime_on_every_cpu() {
     let cases: Vec<(&str, Model, Vec<usize>)> = vec![
