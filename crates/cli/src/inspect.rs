@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use qforge_ir::{Attr, DType, Graph, Model, Node, ValueId};
+use qforge_quant::pair_sums::FULL_REACH;
 use qforge_runtime::Registry;
 use serde_json::{json, Value as Json};
 
@@ -110,8 +111,9 @@ impl Walk<'_> {
 /// its types inferred: how many, and for each with pairs that kernel adds into one 16-bit sum
 /// that can saturate on x86 CPUs without VNNI (`qforge_quant::pair_sums`), how many such pairs.
 /// `activation_max(name)` is the largest u8 the float value `name` reaches, when the caller
-/// knows it (`quantize` does, from calibration; `inspect` does not and assumes 255), and the
-/// limit on `|a| + |b|` is `32767 / activation_max`.
+/// knows it (`quantize` does, from calibration; `inspect` does not and assumes 255): the limit
+/// on `|a| + |b|` is the `ort` backend's `pair_sum_max` (declared at reach 255) scaled by
+/// `255 / activation_max`.
 pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i64>) -> Json {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);
@@ -120,6 +122,8 @@ pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i
         folded = model.clone();
     }
     qforge_ir::infer::infer_model(&mut folded);
+    let full_limit = qforge_quant::backend::BackendConfig::load("ort").ok().and_then(|b| b.pair_sum_max(qforge_quant::QType::S8))
+        .expect("the built-in ort backend declares pair_sum_max for its s8 weights") * FULL_REACH;
     let (mut weights, mut saturating) = (0u64, vec![]);
     let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
     while let Some((g, path)) = stack.pop() {
@@ -129,8 +133,8 @@ pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i
                 stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
             }
             let Some((op, x, w, w_zp)) = u8s8_operands(g, n) else { continue };
-            let reach = quantized_from(g, x).and_then(|name| activation_max(&name)).unwrap_or(255).clamp(1, 255);
-            let limit = i16::MAX as i64 / reach;
+            let reach = quantized_from(g, x).and_then(|name| activation_max(&name)).unwrap_or(FULL_REACH).clamp(1, FULL_REACH);
+            let limit = full_limit / reach;
             let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
             let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
             let as_op = ["group", "transB"].into_iter().fold(Node::new(op, ""), |m, a| match n.attr(a) {

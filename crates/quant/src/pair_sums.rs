@@ -38,6 +38,7 @@ use qforge_ir::{Graph, GraphPath, Node, NodeId, Tensor, ValueId};
 use qforge_runtime::ValueEvent;
 
 use crate::bias_correction::{main_graph_values, plan_graph_of};
+use crate::observer::MinMax;
 use crate::prepare::QuantPlan;
 use crate::spec::Spec;
 use crate::QParams;
@@ -259,20 +260,22 @@ enum ReductionAxis {
     Last,
 }
 
-/// The per-input-channel maxima, over the calibration samples, of the activation every weight
+/// The per-input-channel extremes, over the calibration samples, of the activation every weight
 /// with a `pair_sum_max` reads (Conv channels, the `K` columns of Gemm and MatMul), keyed by
-/// (plan graph index, node); merged by maximum, so exact in any order.
+/// (plan graph index, node): a per-channel [`MinMax`] observer each, so merging is exact in
+/// any order. `None` marks a reader dropped (its input was not float or changed its channel
+/// count); its weights then assume [`FULL_REACH`].
 #[derive(Debug, Clone, Default)]
 pub struct InputMaxima {
-    maxima: BTreeMap<(usize, NodeId), Vec<f32>>,
+    observed: BTreeMap<(usize, NodeId), Option<MinMax>>,
     /// (plan graph index, activation value) to the nodes reading it and their axes.
     watch: HashMap<(usize, ValueId), Vec<(NodeId, ReductionAxis)>>,
     paths: Vec<GraphPath>,
 }
 
 impl InputMaxima {
-    /// Empty maxima for every node of `plan` (graphs of `main`) whose constant weight (input 1)
-    /// is quantized with a `pair_sum_max`.
+    /// Watches for every node of `plan` (graphs of `main`) whose constant weight (input 1) is
+    /// quantized with a `pair_sum_max`.
     pub fn new(main: &Graph, plan: &QuantPlan) -> InputMaxima {
         let all = main.graphs();
         let mut me = InputMaxima { paths: plan.graphs.iter().map(|g| g.path.clone()).collect(), ..Default::default() };
@@ -293,7 +296,6 @@ impl InputMaxima {
                     "Gemm" | "MatMul" => ReductionAxis::Last,
                     _ => continue,
                 };
-                me.maxima.insert((gi, id), vec![]);
                 me.watch.entry((gi, x)).or_default().push((id, axis));
             }
         }
@@ -302,7 +304,7 @@ impl InputMaxima {
 
     /// Whether any node is watched.
     pub fn is_empty(&self) -> bool {
-        self.maxima.is_empty()
+        self.watch.is_empty()
     }
 
     /// The values of the main graph whose maxima are collected.
@@ -310,9 +312,7 @@ impl InputMaxima {
         main_graph_values(&self.paths, self.watch.keys())
     }
 
-    /// Streams one produced value into the maxima of the nodes reading it. A reader whose
-    /// input changes its channel count between samples, or is not float, is dropped (its
-    /// weights then assume [`FULL_REACH`]).
+    /// Streams one produced value into the observers of the nodes reading it.
     pub(crate) fn observe(&mut self, event: &ValueEvent, value: &Tensor) {
         let Some(gi) = plan_graph_of(&self.paths, event) else { return };
         let Some(readers) = self.watch.get(&(gi, event.value)) else { return };
@@ -322,77 +322,49 @@ impl InputMaxima {
                 ReductionAxis::Index(a) => a,
                 ReductionAxis::Last => shape.len().saturating_sub(1),
             };
-            let (Ok(data), Some(&channels)) = (value.as_slice::<f32>(), shape.get(axis)) else {
-                self.maxima.remove(&(gi, id));
-                continue;
+            let slot = self.observed.entry((gi, id)).or_insert_with(|| Some(MinMax::new(Some(axis))));
+            let kept = match (slot.as_mut(), value.as_slice::<f32>()) {
+                (Some(m), Ok(data)) => m.observe(data, shape).is_ok(),
+                _ => false,
             };
-            let Some(m) = self.maxima.get_mut(&(gi, id)) else { continue };
-            if m.is_empty() {
-                *m = vec![f32::NEG_INFINITY; channels];
-            }
-            if m.len() != channels {
-                self.maxima.remove(&(gi, id));
-                continue;
-            }
-            let inner: usize = shape[axis + 1..].iter().product();
-            if inner == 1 {
-                for row in data.chunks_exact(channels.max(1)) {
-                    m.iter_mut().zip(row).for_each(|(a, &x)| *a = if x > *a { x } else { *a });
-                }
-            } else {
-                for (i, chunk) in data.chunks(inner.max(1)).enumerate() {
-                    let c = &mut m[i % channels];
-                    *c = c.max(largest(chunk));
-                }
+            if !kept {
+                *slot = None;
             }
         }
     }
 
-    /// Adds the maxima of `other` (collected on other samples from a clone of the same empty
-    /// state): elementwise maximum; a node dropped by either, or seen with two channel counts,
-    /// is dropped, so the result does not depend on the order of merges.
+    /// Adds the observers of `other` (collected on other samples from a clone of the same
+    /// empty state); a reader dropped by either, or seen with two channel counts, is dropped.
     pub fn merge(&mut self, other: &InputMaxima) {
-        self.maxima.retain(|k, mine| {
-            let Some(theirs) = other.maxima.get(k) else { return false };
-            if mine.is_empty() {
-                mine.clone_from(theirs);
-            } else if theirs.len() == mine.len() {
-                mine.iter_mut().zip(theirs).for_each(|(a, &b)| *a = a.max(b));
-            } else if !theirs.is_empty() {
-                return false;
+        for (k, theirs) in &other.observed {
+            let Some(mine) = self.observed.get_mut(k) else {
+                self.observed.insert(*k, theirs.clone());
+                continue;
+            };
+            let kept = match (mine.as_mut(), theirs) {
+                (Some(m), Some(t)) => m.merge(t).is_ok(),
+                _ => false,
+            };
+            if !kept {
+                *mine = None;
             }
-            true
-        });
+        }
     }
 
     /// The reach of each input channel of node `id` (plan graph `gi`) read through the u8
     /// qparams `x` ([`REACH_HEADROOM`], rounded up), at most [`FULL_REACH`]; `None` when the
     /// node was not observed.
     pub fn reach(&self, gi: usize, id: NodeId, x: QParams) -> Option<Vec<i64>> {
-        let m = self.maxima.get(&(gi, id)).filter(|m| !m.is_empty())?;
+        let m = self.observed.get(&(gi, id))?.as_ref().filter(|m| !m.max.is_empty())?;
         if !(x.scale > 0.0) {
             return None;
         }
-        Some(m.iter().map(|&v| {
+        Some(m.max.iter().map(|&v| {
             let m = v.max(0.0) as f64 / x.scale as f64;
             let steps = (REACH_HEADROOM * m).max(m + REACH_MIN_STEPS).ceil();
             (x.zero_point as f64 + steps).clamp(0.0, FULL_REACH as f64) as i64
         }).collect())
     }
-}
-
-/// The largest of `xs` (NaN ignored; `-inf` when empty), in eight lanes so that it compiles to
-/// vector max instructions.
-fn largest(xs: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let whole = xs.len() / LANES * LANES;
-    for c in xs[..whole].chunks_exact(LANES) {
-        for k in 0..LANES {
-            lanes[k] = if c[k] > lanes[k] { c[k] } else { lanes[k] };
-        }
-    }
-    xs[whole..].iter().chain(&lanes).fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a })
 }
 
 /// The input channel that weight element `e` of node `node` (weight shape `shape`) multiplies:

@@ -28,12 +28,26 @@ impl MinMax {
             .ok_or_else(|| format!("axis {:?} is out of range for shape {shape:?}", self.axis))?;
         self.ensure_channels(layout.channels)?;
         let mut nonfinite = 0u64;
-        layout.for_each_run(data, |c, run| {
-            let (lo, hi, bad) = finite_extremes(run);
-            self.min[c] = self.min[c].min(lo);
-            self.max[c] = self.max[c].max(hi);
-            nonfinite += bad;
-        });
+        if layout.inner == 1 && layout.channels > 1 {
+            // Channels along the last axis: one pass over rows, channel by channel across each.
+            for row in data.chunks_exact(layout.channels) {
+                for ((lo, hi), &x) in self.min.iter_mut().zip(self.max.iter_mut()).zip(row) {
+                    if x.is_finite() {
+                        *lo = if x < *lo { x } else { *lo };
+                        *hi = if x > *hi { x } else { *hi };
+                    } else {
+                        nonfinite += 1;
+                    }
+                }
+            }
+        } else {
+            layout.for_each_run(data, |c, run| {
+                let (lo, hi, bad) = finite_extremes(run);
+                self.min[c] = self.min[c].min(lo);
+                self.max[c] = self.max[c].max(hi);
+                nonfinite += bad;
+            });
+        }
         self.count += data.len() as u64 - nonfinite;
         self.nonfinite += nonfinite;
         Ok(())
@@ -88,6 +102,16 @@ mod tests {
         assert_eq!(m.min, vec![0., 2., 4.]);
         assert_eq!(m.max, vec![7., 9., 11.]);
         assert!(m.observe(&data, &[2, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn channels_along_the_last_axis_skip_nonfinite_values() {
+        // shape [3, 2]: channel c holds column c.
+        let data = [1.0f32, -2.0, f32::NAN, 4.0, -5.0, f32::INFINITY];
+        let mut m = MinMax::new(Some(1));
+        m.observe(&data, &[3, 2]).unwrap();
+        assert_eq!((m.min.clone(), m.max.clone()), (vec![-5.0, -2.0], vec![1.0, 4.0]));
+        assert_eq!((m.count, m.nonfinite), (4, 2));
     }
 
     #[test]
