@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use qforge_ir::{Attr, DType, Graph, Model, Node, ValueId};
-use qforge_quant::pair_sums::FULL_REACH;
+use qforge_quant::pair_sums::{ReductionAxis, U8ChannelMaxima, FULL_REACH};
 use qforge_runtime::Registry;
 use serde_json::{json, Value as Json};
 
@@ -105,16 +105,17 @@ impl Walk<'_> {
     }
 }
 
-/// The constant s8 weights read against u8 activations by an op with an ONNX Runtime u8 x s8
-/// kernel ([`u8s8_operands`]), in the model with its constants folded (a weight quantized
-/// at run time, `QuantizeLinear` of a float constant, counts with the integers it becomes) and
-/// its types inferred: how many, and for each with pairs that kernel adds into one 16-bit sum
-/// that can saturate on x86 CPUs without VNNI (`qforge_quant::pair_sums`), how many such pairs.
-/// `activation_max(name)` is the largest u8 the float value `name` reaches, when the caller
-/// knows it (`quantize` does, from calibration; `inspect` does not and assumes 255): the limit
-/// on `|a| + |b|` is the `ort` backend's `pair_sum_max` (declared at reach 255) scaled by
-/// `255 / activation_max`.
-pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i64>) -> Json {
+/// The u8 activation a u8 x s8 weight reads: its name, the float value quantized into it (the
+/// input of the QuantizeLinear producing it, when one does), and where its channels are.
+pub(crate) struct U8Activation {
+    pub name: String,
+    pub quantized_from: Option<String>,
+    pub axis: ReductionAxis,
+}
+
+/// `model` with its constants folded (a weight quantized at run time, `QuantizeLinear` of a
+/// float constant, becomes the integers it computes) and its types inferred.
+fn folded(model: &Model) -> Model {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);
     let opsets = folded.opset_imports.clone();
@@ -122,39 +123,88 @@ pub(crate) fn pair_sums(model: &Model, activation_max: &dyn Fn(&str) -> Option<i
         folded = model.clone();
     }
     qforge_ir::infer::infer_model(&mut folded);
-    let full_limit = qforge_quant::backend::BackendConfig::load("ort").ok().and_then(|b| b.pair_sum_max(qforge_quant::QType::S8))
-        .expect("the built-in ort backend declares pair_sum_max for its s8 weights") * FULL_REACH;
-    let (mut weights, mut saturating) = (0u64, vec![]);
-    let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
+    folded
+}
+
+/// Calls `f(path, graph, node id, node, (op, activation, weight, weight zero point))` for every
+/// node of `model` and its subgraphs that has an ONNX Runtime u8 x s8 kernel ([`u8s8_operands`]).
+fn visit_u8s8(model: &Model, f: &mut dyn FnMut(&str, &Graph, qforge_ir::NodeId, &Node, (&'static str, ValueId, ValueId, Option<ValueId>))) {
+    let mut stack: Vec<(&Graph, String)> = vec![(&model.graph, String::new())];
     while let Some((g, path)) = stack.pop() {
         for (id, n) in g.nodes() {
             for (attr, sub) in n.subgraphs() {
                 let here = format!("{}.{attr}", n.display_name(id));
                 stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
             }
-            let Some((op, x, w, w_zp)) = u8s8_operands(g, n) else { continue };
-            let reach = quantized_from(g, x).and_then(|name| activation_max(&name)).unwrap_or(FULL_REACH).clamp(1, FULL_REACH);
-            let limit = full_limit / reach;
-            let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
-            let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
-            let as_op = ["group", "transB"].into_iter().fold(Node::new(op, ""), |m, a| match n.attr(a) {
-                Some(v) => m.with_attr(a, v.clone()),
-                None => m,
-            });
-            let (Some(pairs), Ok(q), true) = (qforge_quant::pair_sums::reduction_pairs(&as_op, t.shape()), t.to_i64_vec(), zero) else { continue };
-            weights += 1;
-            let over = pairs.iter().filter(|&&[a, b]| qforge_quant::pair_sums::overflows(q[a], q[b], limit)).count();
-            if over > 0 {
-                let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
-                saturating.push(json!({ "node": node, "op": n.op_type, "weight": g.value_name(w), "pairs": over, "of": pairs.len() }));
+            if let Some(operands) = u8s8_operands(g, n) {
+                f(&path, g, id, n, operands);
             }
         }
     }
+}
+
+/// The u8 activations read by u8 x s8 weights in `model` (subgraphs included), each with the
+/// axis of its channels.
+fn u8s8_activations(model: &Model) -> Vec<(String, ReductionAxis)> {
+    let mut out = vec![];
+    visit_u8s8(&folded(model), &mut |_, g, _, n, (_, x, _, _)| {
+        if let Some(axis) = ReductionAxis::of(n) {
+            out.push((g.value_name(x).to_string(), axis));
+        }
+    });
+    out
+}
+
+/// The constant s8 weights read against u8 activations by an op with an ONNX Runtime u8 x s8
+/// kernel ([`u8s8_operands`]), in the model with its constants folded and its types inferred:
+/// how many, and for each with pairs that kernel adds into one 16-bit sum that can saturate on
+/// x86 CPUs without VNNI (`qforge_quant::pair_sums`), how many such pairs.
+/// `reach(activation)` is the largest u8 the activation reaches, one value for the tensor or
+/// one per channel, when the caller knows it (`quantize` does per tensor, from calibration;
+/// `inspect --data` measures it per channel); `None` is the full u8 range. Two same-sign
+/// integers `a`, `b` read against channels reaching `r_a`, `r_b` are over the limit when
+/// `r_a·|a| + r_b·|b|` exceeds the `ort` backend's `pair_sum_max` (declared at reach 255) times
+/// 255.
+pub(crate) fn pair_sums(model: &Model, reach: &dyn Fn(&U8Activation) -> Option<Vec<i64>>) -> Json {
+    let folded = folded(model);
+    let limit = qforge_quant::backend::BackendConfig::load("ort").ok().and_then(|b| b.pair_sum_max(qforge_quant::QType::S8))
+        .expect("the built-in ort backend declares pair_sum_max for its s8 weights") * FULL_REACH;
+    let (mut weights, mut saturating) = (0u64, vec![]);
+    visit_u8s8(&folded, &mut |path, g, id, n, (op, x, w, w_zp)| {
+        let Some(axis) = ReductionAxis::of(n) else { return };
+        let activation = U8Activation { name: g.value_name(x).to_string(), quantized_from: quantized_from(g, x), axis };
+        let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
+        let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
+        let as_op = ["group", "transB"].into_iter().fold(Node::new(op, ""), |m, a| match n.attr(a) {
+            Some(v) => m.with_attr(a, v.clone()),
+            None => m,
+        });
+        let (Some(pairs), Some(channel), Ok(q), true) = (qforge_quant::pair_sums::reduction_pairs(&as_op, t.shape()),
+            qforge_quant::pair_sums::reduction_channel(&as_op, t.shape()), t.to_i64_vec(), zero) else { return };
+        weights += 1;
+        let reaches = reach(&activation).unwrap_or_else(|| vec![FULL_REACH]);
+        let reach_of = |e: usize| match reaches.as_slice() {
+            [one] => *one,
+            per_channel => per_channel.get(channel(e)).copied().unwrap_or(FULL_REACH),
+        }.clamp(0, FULL_REACH);
+        let over = pairs.iter().filter(|&&[a, b]| q[a].signum() == q[b].signum() && reach_of(a) * q[a].abs() + reach_of(b) * q[b].abs() > limit).count();
+        if over > 0 {
+            let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
+            saturating.push(json!({ "node": node, "op": n.op_type, "weight": g.value_name(w), "pairs": over, "of": pairs.len() }));
+        }
+    });
     json!({ "weights": weights, "saturating": saturating })
 }
 
+/// The activations' reach measured on sample data (`inspect --data`).
+struct Measured {
+    maxima: U8ChannelMaxima,
+    data: String,
+    samples: usize,
+}
+
 /// Everything `inspect` reports, as JSON (the text form is printed from it).
-fn report(model: &Model, path: &Path) -> Json {
+fn report(model: &Model, path: &Path, measured: Option<&Measured>) -> Json {
     let registry = Registry::builtin();
     let mut w = Walk {
         model,
@@ -166,6 +216,11 @@ fn report(model: &Model, path: &Path) -> Json {
         unsupported: BTreeMap::new(),
     };
     w.graph(&model.graph, "");
+    let mut sums = pair_sums(model, &|a| measured.and_then(|m| m.maxima.get(&a.name, a.axis)).map(|u| u.iter().map(|&v| v as i64).collect()));
+    sums["reach"] = match measured {
+        Some(m) => json!({ "data": m.data, "samples": m.samples }),
+        None => json!("full"),
+    };
     let g = &model.graph;
     let opsets: BTreeMap<String, i64> = model.opset_imports.iter()
         .map(|o| (if o.domain.is_empty() { "ai.onnx".to_string() } else { o.domain.clone() }, o.version))
@@ -184,7 +239,7 @@ fn report(model: &Model, path: &Path) -> Json {
             "subgraphs": w.subgraphs,
             "functions": model.functions.iter().map(|f| format!("{}::{}", f.domain, f.name)).collect::<Vec<_>>(),
             "unsupported_ops": w.unsupported,
-            "u8s8_pair_sums": pair_sums(model, &|_| None),
+            "u8s8_pair_sums": sums,
     })
 }
 
@@ -230,9 +285,14 @@ fn print_text(j: &Json) {
     let pairs = &j["u8s8_pair_sums"];
     let saturating = pairs["saturating"].as_array().unwrap();
     let weights = pairs["weights"].as_u64().unwrap_or(0);
+    let measured = pairs["reach"]["samples"].as_u64().map(|n| (n, pairs["reach"]["data"].as_str().unwrap_or("")));
+    let reach = match measured {
+        Some((n, data)) => format!("for the activations {n} sample(s) of {data} give, each input channel up to the largest u8 it reached"),
+        None => "at full u8 range, 255 x (|a| + |b|) > 32767; --data measures what your inputs reach".to_string(),
+    };
     if !saturating.is_empty() {
         println!("warning    {} of {weights} u8 x s8 weights have pairs whose 16-bit sum can saturate in ONNX Runtime on x86 CPUs without VNNI \
-            (255 x (|a| + |b|) > 32767 at full u8 range), so there its results can leave the ONNX semantics; qforge's ort backend fits them to the calibrated reach of each input channel (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
+            ({reach}), so there its results can leave the ONNX semantics; qforge's ort backend fits them to the calibrated reach of each input channel (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
         let mut worst: Vec<&Json> = saturating.iter().collect();
         worst.sort_by_key(|s| std::cmp::Reverse(s["pairs"].as_u64()));
         for s in worst.iter().take(5) {
@@ -242,7 +302,10 @@ fn print_text(j: &Json) {
             println!("  ... {} more (--json lists them all)", worst.len() - 5);
         }
     } else if weights > 0 {
-        println!("pair sums  all {weights} u8 x s8 weights fit ONNX Runtime's 16-bit pair sums (exact on x86 CPUs without VNNI too)");
+        match measured {
+            Some((n, data)) => println!("pair sums  all {weights} u8 x s8 weights fit ONNX Runtime's 16-bit pair sums for the activations {n} sample(s) of {data} give (exact on x86 CPUs without VNNI for them)"),
+            None => println!("pair sums  all {weights} u8 x s8 weights fit ONNX Runtime's 16-bit pair sums (exact on x86 CPUs without VNNI too)"),
+        }
     }
     let unsupported = j["unsupported_ops"].as_object().unwrap();
     if unsupported.is_empty() {
@@ -255,10 +318,16 @@ fn print_text(j: &Json) {
     }
 }
 
-/// Loads a model and prints its description.
-pub fn inspect(path: &Path, json: bool) -> Result<()> {
+/// Loads a model and prints its description. With `data`, the model first runs on its samples
+/// (the first `limit`), so that the pair-sum check uses the reach of each activation channel on
+/// them instead of the full u8 range.
+pub fn inspect(path: &Path, json: bool, data: Option<&Path>, limit: Option<usize>) -> Result<()> {
     let model = qforge_onnx::load(path).with_context(|| format!("cannot load {}", path.display()))?;
-    let r = report(&model, path);
+    let measured = match data {
+        Some(data) => Some(measure(&model, path, data, limit, json)?),
+        None => None,
+    };
+    let r = report(&model, path, measured.as_ref());
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -266,3 +335,26 @@ pub fn inspect(path: &Path, json: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// Runs `model` on the samples of `data` (the first `limit`), as its runs without hooks do (QDQ
+/// units as integer operators, so each u8 activation is what an integer kernel gives), with
+/// [`U8ChannelMaxima`] watching the activations its u8 x s8 weights read.
+fn measure(model: &Model, path: &Path, data: &Path, limit: Option<usize>, quiet: bool) -> Result<Measured> {
+    use qforge_quant::pipeline::SampleSource;
+    if limit == Some(0) {
+        anyhow::bail!("--limit 0 measures nothing; give at least 1");
+    }
+    let samples = crate::samples::open_samples(data, &crate::samples::model_inputs(model))?;
+    let len = limit.map_or(samples.len(), |n| n.min(samples.len()));
+    let session = qforge_runtime::Session::new(model).with_context(|| format!("cannot run {}", path.display()))?;
+    let mut maxima = U8ChannelMaxima::new(u8s8_activations(model));
+    let mut progress = crate::samples::progress("measuring", quiet);
+    for i in 0..len {
+        let feed = samples.load(i).map_err(|e| anyhow::anyhow!("sample {}: {e}", samples.name(i)))?;
+        let feed = feed.into_iter().map(|(n, t)| (n, qforge_runtime::Value::Tensor(t))).collect();
+        session.run_values_observed(feed, &mut maxima).with_context(|| format!("cannot run {} on sample {}", path.display(), samples.name(i)))?;
+        progress(i + 1, len);
+    }
+    Ok(Measured { maxima, data: data.display().to_string(), samples: len })
+}
+

@@ -41,6 +41,13 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Sample data (calibration-data formats) to run the model on: the pair-sum check then
+        /// uses how far each activation channel reaches on it instead of the full u8 range.
+        #[arg(long, value_name = "PATH")]
+        data: Option<PathBuf>,
+        /// With --data, run only the first N samples.
+        #[arg(long, value_name = "N", requires = "data")]
+        limit: Option<usize>,
     },
     /// Run a model on inputs given as .npy files and save its outputs as .npz.
     Run {
@@ -103,8 +110,9 @@ enum Command {
         #[arg(long, value_name = "DB")]
         min_sqnr: Option<f64>,
         /// After quantizing, compare every output of the written model with the float model's
-        /// on N calibration samples spread over the set (SQNR, cosine; a warning below 10 dB);
-        /// 0 skips the check.
+        /// on N calibration samples spread over the set (SQNR, cosine; a warning below 10 dB),
+        /// and fit weights to what their activations reach there (`ort`'s pair sums); 0 skips
+        /// the check.
         #[arg(long, value_name = "N", default_value_t = 4)]
         check_samples: usize,
         #[command(flatten)]
@@ -192,7 +200,7 @@ fn main() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
-        Command::Inspect { model, json } => inspect::inspect(&model, json),
+        Command::Inspect { model, json, data, limit } => inspect::inspect(&model, json, data.as_deref(), limit),
         Command::Run { model, inputs, output, threads } => run::run(&model, &inputs, &output, threads),
         Command::Quantize { model, output, calibration_data, calibration_samples, mut quantizer, report, strict, threads, json, max_opset, max_output_error, min_sqnr, check_samples, format, correction } => {
             quantizer.quiet = json;

@@ -342,7 +342,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
         .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
         .collect();
-    let saturating = (!fitted).then(|| crate::inspect::pair_sums(&quantized, &|v| reach.get(v).copied()));
+    let saturating = (!fitted).then(|| crate::inspect::pair_sums(&quantized, &|a| a.quantized_from.as_deref().and_then(|v| reach.get(v)).map(|&r| vec![r])));
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
         println!("{}", serde_json::json!({
@@ -355,6 +355,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "narrow_inputs": report.narrow_inputs,
             "narrow_weight_channels": report.narrow_weight_channels,
             "pair_sums": report.pair_sums,
+            "pair_sum_reach_raised": report.pair_sum_reach_raised,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
                 "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,

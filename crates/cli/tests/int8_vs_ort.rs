@@ -219,4 +219,25 @@ fn inspect_flags_weights_whose_pair_sums_onnx_runtime_saturates() {
     let (theirs, ours) = run_both("orientation", &ours_path, &inputs, false, &tmp.path().join("qforge"));
     let (worst, same) = qforge_testkit::compare(&ours[0].1, &theirs[0].1, 1e-5, 1e-6);
     assert!(same, "ONNX Runtime against qforge's exact integers on qforge's model: off by up to {worst}");
+
+    // `inspect --data` runs the model on the samples and bounds each pair by how far its two
+    // input channels reach there. qforge's weights were fitted to what its quantized
+    // activations reach on its check samples (all four here), so none is flagged; ONNX
+    // Runtime's full-range model, which it runs off the exact integers on the first sample on
+    // this CPU, keeps flagged weights.
+    let measured = |model: &Path| -> usize {
+        let o = qforge(&[OsStr::new("inspect"), OsStr::new("--json"), model.as_os_str(), OsStr::new("--data"), calib.as_os_str()]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(j["u8s8_pair_sums"]["reach"]["samples"], 4, "{}", j["u8s8_pair_sums"]);
+        j["u8s8_pair_sums"]["saturating"].as_array().unwrap().len()
+    };
+    assert_eq!(measured(&ours_path), 0, "qforge's orientation, on the samples it was checked on");
+    let theirs_measured = measured(&ort_full);
+    assert!(theirs_measured <= flagged, "measured reach flags {theirs_measured} weights, full reach {flagged}");
+    if !ort_u8s8_exact() {
+        assert!(theirs_measured > 0, "ONNX Runtime saturates on these samples, yet no weight is flagged for them");
+    }
+    let o = qforge(&[OsStr::new("inspect"), ours_path.as_os_str(), OsStr::new("--data"), tmp.path().join("missing").as_os_str()]);
+    assert!(!o.status.success() && text(&o.stderr).contains("missing"), "a missing --data folder is named: {}", text(&o.stderr));
 }

@@ -41,6 +41,7 @@ use rayon::prelude::*;
 use serde::{Serialize, Serializer};
 
 use crate::observer::AxisLayout;
+use crate::pair_sums::U8ChannelMaxima;
 use crate::passes::fold_constants;
 use crate::pipeline::SampleSource;
 use qforge_ir::GraphPath;
@@ -743,22 +744,35 @@ pub struct CheckSample {
 /// The graph outputs of `quant` compared with the float outputs kept in `samples` (matched by
 /// name), running `quant` on each sample's feed: the cheap check of a quantization run,
 /// without the per-value pairing of [`compare`]. Samples run in parallel unless `threads` is
-/// 1; their sums merge in sample order.
-pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize) -> Result<Vec<TensorComparison>, CompareError> {
+/// 1; their sums merge in sample order. With `reach`, the runs also record the u8 channel
+/// maxima it watches (of the integer plan's step outputs, [`Session::run_values_observed`]).
+pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize, reach: Option<&mut U8ChannelMaxima>) -> Result<Vec<TensorComparison>, CompareError> {
     let Some(first) = samples.first() else { return Err(CompareError::NoSamples) };
     let session = Session::with_options(quant, SessionOptions { threads }).map_err(|e| CompareError::Model { model: "quantized", reason: e.to_string() })?;
     let names: Vec<String> = session.output_names().iter().map(|s| s.to_string()).collect();
     let pairs: Vec<(usize, usize)> = first.float.iter().enumerate().filter_map(|(i, (name, _))| names.iter().position(|q| q == name).map(|k| (i, k))).collect();
-    let run = |s: &CheckSample| -> Result<Vec<(Option<Sums>, Option<ExactMatch>)>, CompareError> {
+    let empty = reach.as_deref().map(U8ChannelMaxima::cleared);
+    type SampleResult = (Vec<(Option<Sums>, Option<ExactMatch>)>, Option<U8ChannelMaxima>);
+    let run = |s: &CheckSample| -> Result<SampleResult, CompareError> {
         let feed: Vec<(String, Value)> = s.feed.iter().map(|(n, t)| (n.clone(), Value::Tensor(t.clone()))).collect();
-        let q = session.run_values(feed).map_err(|e| CompareError::Sample { sample: s.name.clone(), reason: format!("the quantized model failed: {e}") })?;
-        Ok(pairs.iter().map(|&(fo, qo)| (Sums::of_values(&s.float[fo].1, &q[qo].1), exact_of_values(&s.float[fo].1, &q[qo].1))).collect())
+        let mut seen = empty.clone();
+        let q = match &mut seen {
+            Some(h) => session.run_values_observed(feed, h),
+            None => session.run_values(feed),
+        }.map_err(|e| CompareError::Sample { sample: s.name.clone(), reason: format!("the quantized model failed: {e}") })?;
+        Ok((pairs.iter().map(|&(fo, qo)| (Sums::of_values(&s.float[fo].1, &q[qo].1), exact_of_values(&s.float[fo].1, &q[qo].1))).collect(), seen))
     };
-    let per_sample: Vec<Vec<(Option<Sums>, Option<ExactMatch>)>> = if threads == 1 {
+    let per_sample: Vec<SampleResult> = if threads == 1 {
         samples.iter().map(run).collect::<Result<_, _>>()?
     } else {
         samples.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
     };
+    let (per_sample, seen): (Vec<_>, Vec<_>) = per_sample.into_iter().unzip();
+    if let Some(reach) = reach {
+        for h in seen.iter().flatten() {
+            reach.merge(h);
+        }
+    }
     let mut sums = vec![Sums::default(); pairs.len()];
     let mut unpaired = vec![0u64; pairs.len()];
     let mut exact: Vec<Option<ExactMatch>> = vec![None; pairs.len()];

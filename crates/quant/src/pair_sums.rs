@@ -89,12 +89,6 @@ pub fn reduction_pairs(node: &Node, shape: &[usize]) -> Option<Vec<[usize; 2]>> 
     Some(pairs)
 }
 
-/// Whether two paired integers (zero point 0) exceed `max`: of one sign, with `|a| + |b| > max`
-/// (with opposite signs their products partly cancel and the sum stays within one product).
-pub fn overflows(a: i64, b: i64, max: i64) -> bool {
-    a.signum() == b.signum() && a.abs() + b.abs() > max
-}
-
 /// The largest u8 activation: the reach [`PairedWeight::reach`] assumes when nothing smaller
 /// is known, at which `pair_sum_max` is the limit on `|a| + |b|`.
 pub const FULL_REACH: i64 = 255;
@@ -255,9 +249,119 @@ pub const REACH_MIN_STEPS: f64 = 16.0;
 
 /// The axis of an activation that a weighted node reduces over (its input channels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum ReductionAxis {
+pub enum ReductionAxis {
     Index(usize),
     Last,
+}
+
+impl ReductionAxis {
+    /// The axis of `n`'s activation input that its weight reduces over: 1 for Conv
+    /// (QLinearConv, ConvInteger), the first for Gemm (QGemm) with `transA`, the last for
+    /// MatMul (QLinearMatMul, MatMulInteger) and Gemm; `None` for other ops.
+    pub fn of(n: &Node) -> Option<ReductionAxis> {
+        match n.op_type.as_str() {
+            "Conv" | "QLinearConv" | "ConvInteger" => Some(ReductionAxis::Index(1)),
+            "Gemm" | "QGemm" if n.attr_int("transA").unwrap_or(0) != 0 => Some(ReductionAxis::Index(0)),
+            "Gemm" | "QGemm" | "MatMul" | "QLinearMatMul" | "MatMulInteger" => Some(ReductionAxis::Last),
+            _ => None,
+        }
+    }
+
+    /// The axis in a tensor of rank `rank`.
+    fn index(self, rank: usize) -> usize {
+        match self {
+            ReductionAxis::Index(a) => a,
+            ReductionAxis::Last => rank.saturating_sub(1),
+        }
+    }
+}
+
+/// Per channel, the largest u8 of named activations over runs of a quantized model: the
+/// integers ONNX Runtime's u8 x s8 kernels multiply by the weights reading them. A
+/// [`Hooks`](qforge_runtime::Hooks) that only reads; a value seen with two channel counts, or
+/// not as u8, is dropped.
+#[derive(Debug, Clone, Default)]
+pub struct U8ChannelMaxima {
+    watch: HashMap<String, Vec<ReductionAxis>>,
+    maxima: HashMap<(String, ReductionAxis), Option<Vec<u8>>>,
+}
+
+impl U8ChannelMaxima {
+    /// Watches each named value with the channels along its axis.
+    pub fn new(values: impl IntoIterator<Item = (String, ReductionAxis)>) -> U8ChannelMaxima {
+        let mut me = U8ChannelMaxima::default();
+        for (name, axis) in values {
+            let axes = me.watch.entry(name).or_default();
+            if !axes.contains(&axis) {
+                axes.push(axis);
+            }
+        }
+        me
+    }
+
+    /// The largest u8 of each channel of `name` along `axis`, when it was seen.
+    pub fn get(&self, name: &str, axis: ReductionAxis) -> Option<&[u8]> {
+        self.maxima.get(&(name.to_string(), axis))?.as_deref()
+    }
+
+    /// The same watch with nothing seen yet.
+    pub fn cleared(&self) -> U8ChannelMaxima {
+        U8ChannelMaxima { watch: self.watch.clone(), maxima: HashMap::new() }
+    }
+
+    /// Adds what `other` (a clone of the same watch) saw: channel by channel the larger value;
+    /// a value dropped by either, or seen with two channel counts, is dropped.
+    pub fn merge(&mut self, other: &U8ChannelMaxima) {
+        for (k, theirs) in &other.maxima {
+            let mine = self.maxima.entry(k.clone()).or_insert_with(|| theirs.clone());
+            *mine = match (mine.take(), theirs) {
+                (Some(a), Some(b)) if a.len() == b.len() => Some(a.iter().zip(b).map(|(x, y)| *x.max(y)).collect()),
+                _ => None,
+            };
+        }
+    }
+}
+
+impl qforge_runtime::Hooks for U8ChannelMaxima {
+    fn on_value(&mut self, event: &ValueEvent, value: &Tensor) -> Option<Tensor> {
+        let axes = self.watch.get(event.name)?;
+        let shape = value.shape();
+        for &axis in axes {
+            let slot = self.maxima.entry((event.name.to_string(), axis)).or_insert_with(|| Some(vec![]));
+            let Some(m) = slot else { continue };
+            let a = axis.index(shape.len());
+            let (Ok(data), Some(&channels)) = (value.as_slice::<u8>(), shape.get(a)) else {
+                *slot = None;
+                continue;
+            };
+            if m.is_empty() {
+                m.resize(channels, 0);
+            }
+            if m.len() != channels {
+                *slot = None;
+                continue;
+            }
+            let inner: usize = shape[a + 1..].iter().product();
+            if inner == 0 || channels == 0 {
+                continue;
+            }
+            for (i, row) in data.chunks(inner).enumerate() {
+                let c = &mut m[i % channels];
+                *c = row.iter().fold(*c, |acc, &v| acc.max(v));
+            }
+        }
+        None
+    }
+}
+
+/// A pair-fitted reader in the main graph of a converted model: the u8 activation it reads
+/// through DequantizeLinear, with that activation's qparams.
+#[derive(Debug, Clone)]
+pub struct QuantizedInput {
+    pub node: NodeId,
+    pub value: String,
+    pub axis: ReductionAxis,
+    pub qparams: QParams,
 }
 
 /// The per-input-channel extremes, over the calibration samples, of the activation every weight
@@ -290,12 +394,7 @@ impl InputMaxima {
                 if !paired || !g.value(w).is_ok_and(|v| v.is_constant()) {
                     continue;
                 }
-                let axis = match n.op_type.as_str() {
-                    "Conv" => ReductionAxis::Index(1),
-                    "Gemm" if n.attr_int("transA").unwrap_or(0) != 0 => ReductionAxis::Index(0),
-                    "Gemm" | "MatMul" => ReductionAxis::Last,
-                    _ => continue,
-                };
+                let Some(axis) = ReductionAxis::of(n).filter(|_| matches!(n.op_type.as_str(), "Conv" | "Gemm" | "MatMul")) else { continue };
                 me.watch.entry((gi, x)).or_default().push((id, axis));
             }
         }
@@ -318,10 +417,7 @@ impl InputMaxima {
         let Some(readers) = self.watch.get(&(gi, event.value)) else { return };
         let shape = value.shape();
         for &(id, axis) in readers {
-            let axis = match axis {
-                ReductionAxis::Index(a) => a,
-                ReductionAxis::Last => shape.len().saturating_sub(1),
-            };
+            let axis = axis.index(shape.len());
             let slot = self.observed.entry((gi, id)).or_insert_with(|| Some(MinMax::new(Some(axis))));
             let kept = match (slot.as_mut(), value.as_slice::<f32>()) {
                 (Some(m), Ok(data)) => m.observe(data, shape).is_ok(),
@@ -349,6 +445,46 @@ impl InputMaxima {
                 *mine = None;
             }
         }
+    }
+
+    /// The observed readers of the main graph, in `q` (the main graph converted from the
+    /// plan's, node ids kept): each with the u8 activation it reads through a per-tensor
+    /// DequantizeLinear of constant qparams (a u8 zero point). Readers whose input is not so
+    /// quantized are left out.
+    pub fn quantized_inputs(&self, q: &Graph) -> Vec<QuantizedInput> {
+        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return vec![] };
+        let constant = |v: Option<ValueId>| v.and_then(|v| q.value(v).ok()?.initializer()?.to_f64_vec().ok()).filter(|x| x.len() == 1).map(|x| x[0]);
+        self.observed.iter().filter(|((gi, _), m)| *gi == main && m.is_some()).filter_map(|(&(_, id), _)| {
+            let n = q.node(id).ok()?;
+            let (p, _) = q.producer(n.input(0)?)?;
+            let dq = q.node(p).ok().filter(|d| d.op_type == "DequantizeLinear" && d.domain.is_empty())?;
+            let x = dq.input(0)?;
+            let zp = q.value(dq.input(2)?).ok()?.initializer()?;
+            (zp.dtype() == qforge_ir::DType::U8).then_some(())?;
+            let qparams = QParams { scale: constant(dq.input(1))? as f32, zero_point: constant(dq.input(2))? as i64 };
+            Some(QuantizedInput { node: id, value: q.value_name(x).to_string(), axis: ReductionAxis::of(n)?, qparams })
+        }).collect()
+    }
+
+    /// Raises the channel maxima of main-graph reader `input.node` where the quantized model's
+    /// u8 maxima `u8max` (one per channel) went beyond the channel's [`InputMaxima::reach`]: to
+    /// what they stand for through the reader's qparams, so that the reach gives them its
+    /// headroom too. Returns how many channels it raised.
+    pub fn raise(&mut self, input: &QuantizedInput, u8max: &[u8]) -> usize {
+        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return 0 };
+        let Some(reach) = self.reach(main, input.node, input.qparams) else { return 0 };
+        let Some(Some(m)) = self.observed.get_mut(&(main, input.node)) else { return 0 };
+        if m.max.len() != u8max.len() || reach.len() != u8max.len() {
+            return 0;
+        }
+        let mut raised = 0;
+        for ((mx, &u), &r) in m.max.iter_mut().zip(u8max).zip(&reach) {
+            if u as i64 > r {
+                *mx = mx.max(((u as i64 - input.qparams.zero_point) as f64 * input.qparams.scale as f64) as f32);
+                raised += 1;
+            }
+        }
+        raised
     }
 
     /// The reach of each input channel of node `id` (plan graph `gi`) read through the u8
@@ -465,6 +601,29 @@ mod tests {
 
     fn conv(group: i64) -> Node {
         Node::new("Conv", "c").with_attr("group", qforge_ir::Attr::Int(group))
+    }
+
+    #[test]
+    fn u8_channel_maxima_follow_the_axis_and_merge_by_maximum() {
+        use qforge_runtime::Hooks;
+        let event = |name: &'static str| ValueEvent { node: None, output: 0, value: ValueId(0), name, path: &[] };
+        let watch = || U8ChannelMaxima::new([("x".to_string(), ReductionAxis::Index(1)), ("x".to_string(), ReductionAxis::Last), ("f".to_string(), ReductionAxis::Last)]);
+        // [1, 2, 3]: channel 0 holds 1, 9, 3 and channel 1 holds 4, 5, 6.
+        let x = Tensor::from_vec(&[1, 2, 3], vec![1u8, 9, 3, 4, 5, 6]).unwrap();
+        let mut a = watch();
+        a.on_value(&event("x"), &x);
+        a.on_value(&event("f"), &Tensor::from_vec(&[2], vec![1f32, 2.0]).unwrap());
+        assert_eq!(a.get("x", ReductionAxis::Index(1)), Some(&[9u8, 6][..]));
+        assert_eq!(a.get("x", ReductionAxis::Last), Some(&[4u8, 9, 6][..]));
+        assert_eq!(a.get("f", ReductionAxis::Last), None, "a float value is not an activation of u8 kernels");
+        let mut b = a.cleared();
+        b.on_value(&event("x"), &Tensor::from_vec(&[1, 2, 3], vec![10u8, 0, 0, 0, 0, 0]).unwrap());
+        a.merge(&b);
+        assert_eq!(a.get("x", ReductionAxis::Index(1)), Some(&[10u8, 6][..]));
+        let mut c = watch();
+        c.on_value(&event("x"), &Tensor::from_vec(&[1, 3, 1], vec![1u8, 2, 3]).unwrap());
+        a.merge(&c);
+        assert_eq!(a.get("x", ReductionAxis::Index(1)), None, "seen with 2 and 3 channels");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
-use crate::pair_sums::InputMaxima;
+use crate::pair_sums::{InputMaxima, QuantizedInput, U8ChannelMaxima};
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
 use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, matmul_add_to_gemm, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
@@ -552,43 +552,88 @@ pub fn convert(c: Calibrated) -> Result<(Model, Report), QuantizeError> {
     convert_logged(c).map(|(m, report, _)| (m, report))
 }
 
+/// How many times [`convert_logged`] converts again for activations that go beyond their reach
+/// in the quantized model.
+pub const MAX_REACH_REFITS: usize = 3;
+
 /// [`convert`], also returning what convert did in each graph of the plan
 /// (`logs[i]` for `plan.graphs[i]`, value ids of the converted graph at its path).
+///
+/// Weights fitted to a target's pair sums ([`crate::pair_sums`]) are fitted to the reach of the
+/// float model's activations, but the integers the kernels multiply are the quantized model's,
+/// which upstream rounding can push further (a channel gated by a quantized squeeze-excitation
+/// branch, say). So the output check, which runs the converted model's integer plan on its
+/// samples, also records those activations' channel maxima; where a channel went beyond its
+/// reach ([`InputMaxima::raise`]), its maximum is raised to what the quantized model gave, and
+/// the model is converted and checked again, at most [`MAX_REACH_REFITS`] times
+/// (`report.pair_sum_reach_raised` counts the channels).
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
-    let Calibrated { model: mut m, plan, stats, mut report, graph_names, started, max_opset, convert, check, threads } = c;
+    let Calibrated { model, plan, mut stats, report, graph_names, started, max_opset, convert, check, threads } = c;
     // Range searches (entropy, MSE, ...) are independent per group.
     let params: Vec<_> = plan.groups.par_iter().map(group_qparams).collect();
-    let opset_before = m.opset("").unwrap_or(1);
-    let mut need = opset_before;
-    let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
-    for gi in (0..plan.graphs.len()).rev() {
-        let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
-        let log = convert_graph(g, &plan, gi, &params, &stats, convert).map_err(stage("convert"))?;
-        g.remove_dead_nodes();
-        need = need.max(log.min_opset);
-        report.add_log(&graph_names[gi], &plan, &log);
-        logs[gi] = log;
+    let opset_before = model.opset("").unwrap_or(1);
+    let convert_all = |stats: &InputStats, mut report: Report| -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
+        let mut m = model.clone();
+        let mut need = opset_before;
+        let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
+        for gi in (0..plan.graphs.len()).rev() {
+            let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
+            let log = convert_graph(g, &plan, gi, &params, stats, convert).map_err(stage("convert"))?;
+            g.remove_dead_nodes();
+            need = need.max(log.min_opset);
+            report.add_log(&graph_names[gi], &plan, &log);
+            logs[gi] = log;
+        }
+        m.graph.check().map_err(stage("convert"))?;
+        if let Some(max) = max_opset.filter(|&max| need > max) {
+            return Err(QuantizeError::Stage { stage: "convert", reason: format!("the quantized model needs opset {need}, above --max-opset {max} (the input imports {opset_before}; block-wise weights need 21)") });
+        }
+        if logs.iter().any(|l| l.contrib) && m.opset(qforge_ir::MS_DOMAIN).is_none() {
+            m.opset_imports.push(qforge_ir::OpsetImport { domain: qforge_ir::MS_DOMAIN.into(), version: 1 });
+        }
+        if need > opset_before {
+            crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;
+        }
+        Ok((m, report, logs))
+    };
+    // The output check, measuring with it what the activations of pair-fitted weights reach.
+    let check_converted = |m: &Model, maxima: Option<&InputMaxima>| -> Result<(Option<OutputCheck>, Vec<(QuantizedInput, Vec<u8>)>), QuantizeError> {
+        if check.is_empty() {
+            return Ok((None, vec![]));
+        }
+        let inputs = maxima.map(|x| x.quantized_inputs(&m.graph)).unwrap_or_default();
+        let mut reach = (!inputs.is_empty()).then(|| U8ChannelMaxima::new(inputs.iter().map(|i| (i.value.clone(), i.axis))));
+        let started = Instant::now();
+        let outputs = check_outputs(m, &check, threads, reach.as_mut()).map_err(stage("output check"))?;
+        let seen = inputs.into_iter().filter_map(|i| {
+            let u = reach.as_ref()?.get(&i.value, i.axis)?.to_vec();
+            Some((i, u))
+        }).collect();
+        Ok((Some(OutputCheck { samples: check.len(), outputs, seconds: started.elapsed().as_secs_f64() }), seen))
+    };
+    let (mut m, mut converted, mut logs) = convert_all(&stats, report.clone())?;
+    let (mut output_check, mut seen) = check_converted(&m, stats.maxima.as_ref())?;
+    let mut check_seconds = output_check.as_ref().map_or(0.0, |c| c.seconds);
+    let mut raised_total = 0;
+    for _ in 0..MAX_REACH_REFITS {
+        let Some(maxima) = stats.maxima.as_mut() else { break };
+        let raised: usize = seen.iter().map(|(i, u)| maxima.raise(i, u)).sum();
+        if raised == 0 {
+            break;
+        }
+        raised_total += raised;
+        (m, converted, logs) = convert_all(&stats, report.clone())?;
+        (output_check, seen) = check_converted(&m, stats.maxima.as_ref())?;
+        check_seconds += output_check.as_ref().map_or(0.0, |c| c.seconds);
     }
-    m.graph.check().map_err(stage("convert"))?;
-    if let Some(max) = max_opset.filter(|&max| need > max) {
-        return Err(QuantizeError::Stage { stage: "convert", reason: format!("the quantized model needs opset {need}, above --max-opset {max} (the input imports {opset_before}; block-wise weights need 21)") });
-    }
-    if logs.iter().any(|l| l.contrib) && m.opset(qforge_ir::MS_DOMAIN).is_none() {
-        m.opset_imports.push(qforge_ir::OpsetImport { domain: qforge_ir::MS_DOMAIN.into(), version: 1 });
-    }
-    if need > opset_before {
-        crate::passes::upgrade_opset(&mut m, need).map_err(stage("upgrade_opset"))?;
-    }
+    let mut report = converted;
+    report.pair_sum_reach_raised = raised_total;
+    report.output_check = output_check;
     report.bias_correction_enabled = stats.means.is_some();
     report.gptq_enabled = stats.grams.is_some();
     report.weight_range_search = convert.weight_search;
     report.opset = (opset_before, m.opset("").unwrap_or(opset_before));
-    report.total_seconds = started.elapsed().as_secs_f64();
-    if !check.is_empty() {
-        let check_started = Instant::now();
-        let outputs = check_outputs(&m, &check, threads).map_err(stage("output check"))?;
-        report.output_check = Some(OutputCheck { samples: check.len(), outputs, seconds: check_started.elapsed().as_secs_f64() });
-    }
+    report.total_seconds = started.elapsed().as_secs_f64() - check_seconds;
     Ok((m, report, logs))
 }
 

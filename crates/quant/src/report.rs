@@ -155,6 +155,10 @@ pub struct Report {
     /// Weights whose integers were fitted so that no two the target's kernel pairs overflow its
     /// 16-bit sums (the weight dtype's `pair_sum_max`, [`crate::pair_sums`]).
     pub pair_sums: Vec<PairSumRecord>,
+    /// Input channels whose maxima the output check's samples raised: in the quantized model
+    /// their activations went beyond the reach the float model's calibrated maxima gave, and
+    /// the weights reading them were fitted again ([`crate::pipeline::convert_logged`]).
+    pub pair_sum_reach_raised: usize,
     /// What an accuracy budget returned to float, decision by decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
@@ -497,8 +501,13 @@ impl Report {
         let rescaled: usize = self.pair_sums.iter().map(|r| r.rescaled).sum();
         let channels: usize = self.pair_sums.iter().map(|r| r.channels).sum();
         let projected: usize = self.pair_sums.iter().map(|r| r.projected_pairs).sum();
+        let raised = match (self.pair_sum_reach_raised, &self.output_check) {
+            (0, _) => String::new(),
+            (k, Some(c)) => format!("; {k} input channel(s) went beyond that reach in the quantized model on the {} check sample(s), and their weights were fitted again to what they reached", c.samples),
+            (k, None) => format!("; {k} input channel(s) went beyond that reach in the quantized model, and their weights were fitted again to what they reached"),
+        };
         Some(format!("{} weight(s) fitted so that no two weights the target adds into one 16-bit sum can overflow it with activations within their channels' calibrated reach (ONNX Runtime's u8 x s8 kernels on x86 without VNNI): \
-            {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them)", self.pair_sums.len()))
+            {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them){raised}", self.pair_sums.len()))
     }
 
     /// The activations whose range starts above their observed minimum, when there are any.

@@ -212,3 +212,53 @@ fn a_weight_shared_by_two_nodes_is_fitted_and_stored_once() {
     let (diff, ok) = compare(&theirs[0].1, &ours[0].1, 1e-5, 1e-5);
     assert!(ok, "ONNX Runtime and qforge differ by {diff}");
 }
+
+/// A 1x1 Conv and a Relu, then a 3x3 Conv, `x -> h -> y`, where the quantized model's `h`
+/// reaches further in one channel than the float model's: `x`'s two channels span `[0, 100]`
+/// and `[0, 0.2]` and share one u8 scale (100/255), so `0.2` becomes `0.39`; `h = relu(0.1·x0,
+/// 10·x1)` then reaches 3.9 in its second channel instead of 2.0, 100 of its u8 steps (scale
+/// 10/255) where calibration saw 51. `y`'s taps pair `h`'s two channels with integers 94 and
+/// 127, within ONNX Runtime's 16-bit pair sum for the float reach (67 with its headroom:
+/// `255·94 + 67·127 <= 32640`) but not for the quantized one (`255·94 + 100·127 > 32767`). The
+/// output check measures what the quantized `h` reaches and convert fits again, so ONNX
+/// Runtime computes qforge's outputs on every CPU; without a check it does only on a CPU with
+/// VNNI.
+#[test]
+fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one() {
+    let mut g = Graph::new("reach");
+    let shape = [1usize, 2, 6, 6];
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[1, 2, 6, 6]))).unwrap();
+    let wa = g.add_initializer("Wa", Tensor::from_vec(&[2, 2, 1, 1], vec![0.1f32, 0.0, 0.0, 10.0]).unwrap()).unwrap();
+    let wb = g.add_initializer("Wb", Tensor::from_vec(&[1, 2, 3, 3], [[0.74f32; 9], [1.0; 9]].concat()).unwrap()).unwrap();
+    let a = g.new_value("a", None).unwrap();
+    let h = g.new_value("h", None).unwrap();
+    let y = g.new_value("y", None).unwrap();
+    g.add_node(Node::new("Conv", "a").with_inputs([x, wa]).with_outputs([a])).unwrap();
+    g.add_node(Node::new("Relu", "relu").with_inputs([a]).with_outputs([h])).unwrap();
+    g.add_node(Node::new("Conv", "b").with_inputs([h, wb]).with_outputs([y]).with_attr("pads", Attr::Ints(vec![1; 4]))).unwrap();
+    g.set_outputs(vec![y]).unwrap();
+    let m = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
+    let n = shape.iter().product::<usize>() / 2;
+    let feed = |x0: Vec<f32>, x1: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&shape, [x0, x1].concat()).unwrap())];
+    let brightest = feed(vec![100.0; n], vec![0.2; n]);
+    let calibration = vec![brightest.clone(), feed(noise(1, n, 0.0, 100.0), noise(2, n, 0.0, 0.2))];
+    let exact = ort_u8s8_exact();
+    for check_samples in [2, 0] {
+        let backend = ort_backend(true);
+        let mapping = default_mapping(&backend, RangeName::Minmax, true);
+        let opts = QuantizeOptions { check_samples, ..Default::default() };
+        let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, &calibration, &opts, &mut |_, _| {}).unwrap();
+        assert_eq!(report.pair_sum_reach_raised > 0, check_samples > 0, "channels raised with {check_samples} check samples: {}", report.pair_sum_reach_raised);
+        let tmp = TempDir::new("pair-sums-quantized-reach");
+        let path = tmp.path().join("q.onnx");
+        qforge_onnx::save(&q, &path).unwrap();
+        let ours = qforge_runtime::Session::new(&q).unwrap().run(brightest.clone()).unwrap();
+        let theirs = ort_run_with(&path, &brightest, 1, true);
+        let (diff, same) = compare(&theirs[0].1, &ours[0].1, 1e-6, 1e-6);
+        if check_samples > 0 {
+            assert!(same, "fitted to the quantized reach, ONNX Runtime is {diff} off qforge");
+        } else {
+            assert_eq!(same, exact, "fitted to the float reach only, ONNX Runtime is {diff} off qforge (this CPU has VNNI: {exact})");
+        }
+    }
+}

@@ -174,6 +174,15 @@ impl Session {
         Watch { plan }
     }
 
+    /// [`Session::run_values`] (the plan of runs without hooks: QDQ units lowered to integer
+    /// operators, elementwise chains fused), with `hooks` seeing the outputs of its steps: an
+    /// integer unit's quantized output and the values between steps, not what a fused chain or
+    /// a lowered unit computes inside. For hooks that read; a value they replace changes only
+    /// the readers of that step output.
+    pub fn run_values_observed(&self, inputs: Vec<(String, Value)>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<(String, Value)>> {
+        self.run_plan(self.fused.as_ref().unwrap_or(&self.plan), inputs, Some(hooks), None)
+    }
+
     /// [`Session::run_values_with_hooks`] on the plan of `watch`, from [`Session::watching`] of
     /// this session: `hooks` sees the values `watch` was made for (and may replace them) but
     /// not the intermediate values of fused chains. Hooks that supply outputs
