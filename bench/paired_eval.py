@@ -92,16 +92,23 @@ def main(argv=None):
             row.update({f"only_{ref}_right": only_ref, "only_this_right": only_k,
                         "mcnemar_p": mcnemar_p(only_ref, only_k)})
         rows.append(row)
+    emit(args, rows, {}, f"{args.n} fresh samples (seed {args.seed})",
+         ["model", "accuracy", "prob. diff. to float", f"only {ref} right", "only this right", "McNemar p"],
+         lambda r: [r["model"], f"{r['accuracy']:.4f}", f"{r['prob_mad_float']:.4f}"]
+         + ([str(r[f"only_{ref}_right"]), str(r["only_this_right"]), f"{r['mcnemar_p']:.3f}"] if "mcnemar_p" in r else ["–"] * 3))
+
+
+def emit(args, rows, extra, what, columns, cells):
+    """Prints the rows as JSON (with `extra` fields) or as a Markdown table of `cells(row)`."""
     if args.json:
-        print(json.dumps({"task": args.task, "n": args.n, "seed": args.seed, "reference": ref, "models": rows}, indent=1))
+        print(json.dumps({"task": args.task, "n": args.n, "seed": args.seed, "reference": args.reference, **extra,
+                          "models": rows}, indent=1))
         return
-    print(f"{args.task}: {args.n} fresh samples (seed {args.seed}), each model against {ref}")
-    print(f"| model | accuracy | prob. diff. to float | only {ref} right | only this right | McNemar p |")
-    print("|---|---|---|---|---|---|")
+    print(f"{args.task}: {what}, each model against {args.reference}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for r in rows:
-        tail = (f"{r[f'only_{ref}_right']} | {r['only_this_right']} | {r['mcnemar_p']:.3f}"
-                if "mcnemar_p" in r else "– | – | –")
-        print(f"| {r['model']} | {r['accuracy']:.4f} | {r['prob_mad_float']:.4f} | {tail} |")
+        print("| " + " | ".join(cells(r)) + " |")
 
 
 def f1(tp, nd, ng):
@@ -157,17 +164,11 @@ def detector(task, sessions, args):
                 f1(rtp[boot].sum(1), rnd[boot].sum(1), ng[boot].sum(1))
             row["ci95"] = [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))]
         rows.append(row)
-    if args.json:
-        print(json.dumps({"task": args.task, "n": args.n, "seed": args.seed, "reference": ref,
-                          "boxes": int(ng.sum()), "models": rows}, indent=1))
-        return
-    print(f"{args.task}: {args.n} fresh pages (seed {args.seed}, {int(ng.sum())} boxes), each model against {ref}")
-    print(f"| model | F1 | precision | recall | F1 vs float's boxes | F1 - {ref} (95 % CI) | randomization p |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        tail = (f"{r['f1_minus_reference']:+.4f} ({r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}) | {r['randomization_p']:.3f}"
-                if "ci95" in r else "– | –")
-        print(f"| {r['model']} | {r['f1']:.4f} | {r['precision']:.4f} | {r['recall']:.4f} | {r['f1_vs_float']:.4f} | {tail} |")
+    emit(args, rows, {"boxes": int(ng.sum())}, f"{args.n} fresh pages (seed {args.seed}, {int(ng.sum())} boxes)",
+         ["model", "F1", "precision", "recall", "F1 vs float's boxes", f"F1 - {ref} (95 % CI)", "randomization p"],
+         lambda r: [r["model"]] + [f"{r[k]:.4f}" for k in ("f1", "precision", "recall", "f1_vs_float")]
+         + ([f"{r['f1_minus_reference']:+.4f} ({r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f})", f"{r['randomization_p']:.3f}"]
+            if "ci95" in r else ["–"] * 2))
 
 
 if __name__ == "__main__":
