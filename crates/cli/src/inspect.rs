@@ -114,8 +114,9 @@ pub(crate) struct U8Activation {
 }
 
 /// `model` with its constants folded (a weight quantized at run time, `QuantizeLinear` of a
-/// float constant, becomes the integers it computes) and its types inferred.
-fn folded(model: &Model) -> Model {
+/// float constant, becomes the integers it computes) and its types inferred: what the pair-sum
+/// check reads.
+pub(crate) fn folded(model: &Model) -> Model {
     let mut folded = model.clone();
     qforge_onnx::fold_constant_nodes(&mut folded);
     let opsets = folded.opset_imports.clone();
@@ -143,12 +144,12 @@ fn visit_u8s8(model: &Model, f: &mut dyn FnMut(&str, &Graph, qforge_ir::NodeId, 
     }
 }
 
-/// The u8 activations read by u8 x s8 weights in `model` (subgraphs included), each with the
-/// axis of its channels.
-fn u8s8_activations(model: &Model) -> Vec<(String, ReductionAxis)> {
+/// The u8 activations read by u8 x s8 weights in `folded` ([`folded`]; subgraphs included),
+/// each with the axis of its channels.
+fn u8s8_activations(folded: &Model) -> Vec<(String, ReductionAxis)> {
     let mut out = vec![];
-    visit_u8s8(&folded(model), &mut |_, g, _, n, (_, x, _, _)| {
-        if let Some(axis) = ReductionAxis::of(n) {
+    visit_u8s8(folded, &mut |_, g, _, n, (_, x, _, _)| {
+        if let Some(axis) = ReductionAxis::of(n, true) {
             out.push((g.value_name(x).to_string(), axis));
         }
     });
@@ -156,7 +157,7 @@ fn u8s8_activations(model: &Model) -> Vec<(String, ReductionAxis)> {
 }
 
 /// The constant s8 weights read against u8 activations by an op with an ONNX Runtime u8 x s8
-/// kernel ([`u8s8_operands`]), in the model with its constants folded and its types inferred:
+/// kernel ([`u8s8_operands`]), in `folded` ([`folded`]):
 /// how many, and for each with pairs that kernel adds into one 16-bit sum that can saturate on
 /// x86 CPUs without VNNI (`qforge_quant::pair_sums`), how many such pairs.
 /// `reach(activation)` is the largest u8 the activation reaches, one value for the tensor or
@@ -165,13 +166,12 @@ fn u8s8_activations(model: &Model) -> Vec<(String, ReductionAxis)> {
 /// integers `a`, `b` read against channels reaching `r_a`, `r_b` are over the limit when
 /// `r_a·|a| + r_b·|b|` exceeds the `ort` backend's `pair_sum_max` (declared at reach 255) times
 /// 255.
-pub(crate) fn pair_sums(model: &Model, reach: &dyn Fn(&U8Activation) -> Option<Vec<i64>>) -> Json {
-    let folded = folded(model);
+pub(crate) fn pair_sums(folded: &Model, reach: &dyn Fn(&U8Activation) -> Option<Vec<i64>>) -> Json {
     let limit = qforge_quant::backend::BackendConfig::load("ort").ok().and_then(|b| b.pair_sum_max(qforge_quant::QType::S8))
         .expect("the built-in ort backend declares pair_sum_max for its s8 weights") * FULL_REACH;
     let (mut weights, mut saturating) = (0u64, vec![]);
-    visit_u8s8(&folded, &mut |path, g, id, n, (op, x, w, w_zp)| {
-        let Some(axis) = ReductionAxis::of(n) else { return };
+    visit_u8s8(folded, &mut |path, g, id, n, (op, x, w, w_zp)| {
+        let Some(axis) = ReductionAxis::of(n, true) else { return };
         let activation = U8Activation { name: g.value_name(x).to_string(), quantized_from: quantized_from(g, x), axis };
         let t = g.value(w).ok().and_then(|v| v.initializer()).expect("u8s8_operands checks the weight is an initializer");
         let zero = w_zp.and_then(|z| g.value(z).ok()?.initializer()?.to_i64_vec().ok()).is_none_or(|z| z.iter().all(|&x| x == 0));
@@ -203,8 +203,9 @@ struct Measured {
     samples: usize,
 }
 
-/// Everything `inspect` reports, as JSON (the text form is printed from it).
-fn report(model: &Model, path: &Path, measured: Option<&Measured>) -> Json {
+/// Everything `inspect` reports, as JSON (the text form is printed from it); `folded` is
+/// `model` as [`folded`] gives it.
+fn report(model: &Model, folded: &Model, path: &Path, measured: Option<&Measured>) -> Json {
     let registry = Registry::builtin();
     let mut w = Walk {
         model,
@@ -216,10 +217,10 @@ fn report(model: &Model, path: &Path, measured: Option<&Measured>) -> Json {
         unsupported: BTreeMap::new(),
     };
     w.graph(&model.graph, "");
-    let mut sums = pair_sums(model, &|a| measured.and_then(|m| m.maxima.get(&a.name, a.axis)).map(|u| u.iter().map(|&v| v as i64).collect()));
+    let mut sums = pair_sums(folded, &|a| measured.and_then(|m| m.maxima.get(&a.name, a.axis)).map(|u| u.iter().map(|&v| v as i64).collect()));
     sums["reach"] = match measured {
         Some(m) => json!({ "data": m.data, "samples": m.samples }),
-        None => json!("full"),
+        None => json!({ "data": null, "samples": null }),
     };
     let g = &model.graph;
     let opsets: BTreeMap<String, i64> = model.opset_imports.iter()
@@ -292,7 +293,7 @@ fn print_text(j: &Json) {
     };
     if !saturating.is_empty() {
         println!("warning    {} of {weights} u8 x s8 weights have pairs whose 16-bit sum can saturate in ONNX Runtime on x86 CPUs without VNNI \
-            ({reach}), so there its results can leave the ONNX semantics; qforge's ort backend fits them to the calibrated reach of each input channel (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
+            ({reach}), so there its results can leave the ONNX semantics; qforge's ort backend fits them to the reach of each input channel in calibration and in its check (README: ONNX Runtime on CPUs without VNNI):", saturating.len());
         let mut worst: Vec<&Json> = saturating.iter().collect();
         worst.sort_by_key(|s| std::cmp::Reverse(s["pairs"].as_u64()));
         for s in worst.iter().take(5) {
@@ -323,11 +324,12 @@ fn print_text(j: &Json) {
 /// them instead of the full u8 range.
 pub fn inspect(path: &Path, json: bool, data: Option<&Path>, limit: Option<usize>) -> Result<()> {
     let model = qforge_onnx::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let folded = folded(&model);
     let measured = match data {
-        Some(data) => Some(measure(&model, path, data, limit, json)?),
+        Some(data) => Some(measure(&model, &folded, path, data, limit, json)?),
         None => None,
     };
-    let r = report(&model, path, measured.as_ref());
+    let r = report(&model, &folded, path, measured.as_ref());
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -339,7 +341,7 @@ pub fn inspect(path: &Path, json: bool, data: Option<&Path>, limit: Option<usize
 /// Runs `model` on the samples of `data` (the first `limit`), as its runs without hooks do (QDQ
 /// units as integer operators, so each u8 activation is what an integer kernel gives), with
 /// [`U8ChannelMaxima`] watching the activations its u8 x s8 weights read.
-fn measure(model: &Model, path: &Path, data: &Path, limit: Option<usize>, quiet: bool) -> Result<Measured> {
+fn measure(model: &Model, folded: &Model, path: &Path, data: &Path, limit: Option<usize>, quiet: bool) -> Result<Measured> {
     use qforge_quant::pipeline::SampleSource;
     if limit == Some(0) {
         anyhow::bail!("--limit 0 measures nothing; give at least 1");
@@ -347,7 +349,7 @@ fn measure(model: &Model, path: &Path, data: &Path, limit: Option<usize>, quiet:
     let samples = crate::samples::open_samples(data, &crate::samples::model_inputs(model))?;
     let len = limit.map_or(samples.len(), |n| n.min(samples.len()));
     let session = qforge_runtime::Session::new(model).with_context(|| format!("cannot run {}", path.display()))?;
-    let mut maxima = U8ChannelMaxima::new(u8s8_activations(model));
+    let mut maxima = U8ChannelMaxima::new(u8s8_activations(folded));
     let mut progress = crate::samples::progress("measuring", quiet);
     for i in 0..len {
         let feed = samples.load(i).map_err(|e| anyhow::anyhow!("sample {}: {e}", samples.name(i)))?;

@@ -342,7 +342,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
         .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
         .collect();
-    let saturating = (!fitted).then(|| crate::inspect::pair_sums(&quantized, &|a| a.quantized_from.as_deref().and_then(|v| reach.get(v)).map(|&r| vec![r])));
+    let saturating = (!fitted).then(|| crate::inspect::pair_sums(&crate::inspect::folded(&quantized), &|a| a.quantized_from.as_deref().and_then(|v| reach.get(v)).map(|&r| vec![r])));
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
         println!("{}", serde_json::json!({

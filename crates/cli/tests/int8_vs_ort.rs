@@ -233,11 +233,11 @@ fn inspect_flags_weights_whose_pair_sums_onnx_runtime_saturates() {
         j["u8s8_pair_sums"]["saturating"].as_array().unwrap().len()
     };
     assert_eq!(measured(&ours_path), 0, "qforge's orientation, on the samples it was checked on");
-    let theirs_measured = measured(&ort_full);
-    assert!(theirs_measured <= flagged, "measured reach flags {theirs_measured} weights, full reach {flagged}");
     if !ort_u8s8_exact() {
-        assert!(theirs_measured > 0, "ONNX Runtime saturates on these samples, yet no weight is flagged for them");
+        assert!(measured(&ort_full) > 0, "ONNX Runtime saturates on these samples, yet no weight is flagged for them");
     }
-    let o = qforge(&[OsStr::new("inspect"), ours_path.as_os_str(), OsStr::new("--data"), tmp.path().join("missing").as_os_str()]);
-    assert!(!o.status.success() && text(&o.stderr).contains("missing"), "a missing --data folder is named: {}", text(&o.stderr));
+    let absent = tmp.path().join("no_such_folder");
+    let o = qforge(&[OsStr::new("inspect"), ours_path.as_os_str(), OsStr::new("--data"), absent.as_os_str()]);
+    assert!(!o.status.success(), "a missing --data folder is an error");
+    assert!(text(&o.stderr).contains(&absent.display().to_string()), "the error names the folder: {}", text(&o.stderr));
 }

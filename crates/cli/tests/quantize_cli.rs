@@ -474,3 +474,24 @@ fn histogram_calibration_gives_the_same_bytes_on_one_worker_and_on_two() {
         assert!(written[0] == written[1], "--method {method}: one worker and two wrote different models");
     }
 }
+
+/// The output check measures what the activations of pair-fitted weights reach in the quantized
+/// model, and convert fits those weights again where a channel went beyond its reach: the
+/// measurement runs the integer plan on the check samples in parallel, and the bytes written
+/// are still the same on one thread and on two.
+#[test]
+fn weights_refitted_to_the_quantized_reach_give_the_same_bytes_on_one_thread_and_on_two() {
+    let m = real_models().into_iter().find(|m| m.name == "orientation").expect("orientation in the test cache (run scripts/setup.sh)");
+    let tmp = TempDir::new("qcli_reach_threads");
+    let calib = tmp.path().join("calib");
+    samples(&calib, &m, 6, |_, _| {});
+    let written: Vec<(Vec<u8>, u64)> = ["1", "2"].iter().map(|threads| {
+        let out = tmp.path().join(format!("q_{threads}.onnx"));
+        let o = quantize_with(&m, &calib, &out, &["--threads", threads, "--check-samples", "6", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (std::fs::read(&out).unwrap(), j["pair_sum_reach_raised"].as_u64().expect("pair_sum_reach_raised in --json"))
+    }).collect();
+    assert_eq!(written[0].1, written[1].1, "channels raised on one thread and on two");
+    assert!(written[0].0 == written[1].0, "one thread and two wrote different models ({} channels raised)", written[0].1);
+}

@@ -744,14 +744,14 @@ pub struct CheckSample {
 /// The graph outputs of `quant` compared with the float outputs kept in `samples` (matched by
 /// name), running `quant` on each sample's feed: the cheap check of a quantization run,
 /// without the per-value pairing of [`compare`]. Samples run in parallel unless `threads` is
-/// 1; their sums merge in sample order. With `reach`, the runs also record the u8 channel
+/// 1; their sums merge in sample order. With `u8_maxima`, the runs also record the u8 channel
 /// maxima it watches (of the integer plan's step outputs, [`Session::run_values_observed`]).
-pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize, reach: Option<&mut U8ChannelMaxima>) -> Result<Vec<TensorComparison>, CompareError> {
+pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize, u8_maxima: Option<&mut U8ChannelMaxima>) -> Result<Vec<TensorComparison>, CompareError> {
     let Some(first) = samples.first() else { return Err(CompareError::NoSamples) };
     let session = Session::with_options(quant, SessionOptions { threads }).map_err(|e| CompareError::Model { model: "quantized", reason: e.to_string() })?;
     let names: Vec<String> = session.output_names().iter().map(|s| s.to_string()).collect();
     let pairs: Vec<(usize, usize)> = first.float.iter().enumerate().filter_map(|(i, (name, _))| names.iter().position(|q| q == name).map(|k| (i, k))).collect();
-    let empty = reach.as_deref().map(U8ChannelMaxima::cleared);
+    let empty = u8_maxima.as_deref().map(U8ChannelMaxima::cleared);
     type SampleResult = (Vec<(Option<Sums>, Option<ExactMatch>)>, Option<U8ChannelMaxima>);
     let run = |s: &CheckSample| -> Result<SampleResult, CompareError> {
         let feed: Vec<(String, Value)> = s.feed.iter().map(|(n, t)| (n.clone(), Value::Tensor(t.clone()))).collect();
@@ -768,9 +768,9 @@ pub fn check_outputs(quant: &Model, samples: &[CheckSample], threads: usize, rea
         samples.par_iter().with_max_len(1).map(run).collect::<Result<_, _>>()?
     };
     let (per_sample, seen): (Vec<_>, Vec<_>) = per_sample.into_iter().unzip();
-    if let Some(reach) = reach {
+    if let Some(all) = u8_maxima {
         for h in seen.iter().flatten() {
-            reach.merge(h);
+            all.merge(h);
         }
     }
     let mut sums = vec![Sums::default(); pairs.len()];

@@ -255,16 +255,21 @@ pub enum ReductionAxis {
 }
 
 impl ReductionAxis {
-    /// The axis of `n`'s activation input that its weight reduces over: 1 for Conv
-    /// (QLinearConv, ConvInteger), the first for Gemm (QGemm) with `transA`, the last for
-    /// MatMul (QLinearMatMul, MatMulInteger) and Gemm; `None` for other ops.
-    pub fn of(n: &Node) -> Option<ReductionAxis> {
-        match n.op_type.as_str() {
-            "Conv" | "QLinearConv" | "ConvInteger" => Some(ReductionAxis::Index(1)),
-            "Gemm" | "QGemm" if n.attr_int("transA").unwrap_or(0) != 0 => Some(ReductionAxis::Index(0)),
-            "Gemm" | "QGemm" | "MatMul" | "QLinearMatMul" | "MatMulInteger" => Some(ReductionAxis::Last),
-            _ => None,
+    /// The axis of `n`'s activation input that its weight reduces over: 1 for Conv, the first
+    /// for Gemm with `transA`, the last for MatMul and Gemm; `None` for other ops. With
+    /// `integer`, the integer forms count too (QLinearConv, ConvInteger, QGemm, QLinearMatMul,
+    /// MatMulInteger).
+    pub fn of(n: &Node, integer: bool) -> Option<ReductionAxis> {
+        let op = n.op_type.as_str();
+        let float = matches!(op, "Conv" | "Gemm" | "MatMul");
+        if !float && !(integer && matches!(op, "QLinearConv" | "ConvInteger" | "QGemm" | "QLinearMatMul" | "MatMulInteger")) {
+            return None;
         }
+        Some(match op {
+            "Conv" | "QLinearConv" | "ConvInteger" => ReductionAxis::Index(1),
+            "Gemm" | "QGemm" if n.attr_int("transA").unwrap_or(0) != 0 => ReductionAxis::Index(0),
+            _ => ReductionAxis::Last,
+        })
     }
 
     /// The axis in a tensor of rank `rank`.
@@ -334,15 +339,15 @@ impl qforge_runtime::Hooks for U8ChannelMaxima {
                 *slot = None;
                 continue;
             };
+            let inner: usize = shape[a + 1..].iter().product();
+            if data.is_empty() || inner == 0 {
+                continue;
+            }
             if m.is_empty() {
                 m.resize(channels, 0);
             }
             if m.len() != channels {
                 *slot = None;
-                continue;
-            }
-            let inner: usize = shape[a + 1..].iter().product();
-            if inner == 0 || channels == 0 {
                 continue;
             }
             for (i, row) in data.chunks(inner).enumerate() {
@@ -394,7 +399,7 @@ impl InputMaxima {
                 if !paired || !g.value(w).is_ok_and(|v| v.is_constant()) {
                     continue;
                 }
-                let Some(axis) = ReductionAxis::of(n).filter(|_| matches!(n.op_type.as_str(), "Conv" | "Gemm" | "MatMul")) else { continue };
+                let Some(axis) = ReductionAxis::of(n, false) else { continue };
                 me.watch.entry((gi, x)).or_default().push((id, axis));
             }
         }
@@ -462,29 +467,31 @@ impl InputMaxima {
             let zp = q.value(dq.input(2)?).ok()?.initializer()?;
             (zp.dtype() == qforge_ir::DType::U8).then_some(())?;
             let qparams = QParams { scale: constant(dq.input(1))? as f32, zero_point: constant(dq.input(2))? as i64 };
-            Some(QuantizedInput { node: id, value: q.value_name(x).to_string(), axis: ReductionAxis::of(n)?, qparams })
+            Some(QuantizedInput { node: id, value: q.value_name(x).to_string(), axis: ReductionAxis::of(n, false)?, qparams })
         }).collect()
     }
 
-    /// Raises the channel maxima of main-graph reader `input.node` where the quantized model's
-    /// u8 maxima `u8max` (one per channel) went beyond the channel's [`InputMaxima::reach`]: to
-    /// what they stand for through the reader's qparams, so that the reach gives them its
-    /// headroom too. Returns how many channels it raised.
-    pub fn raise(&mut self, input: &QuantizedInput, u8max: &[u8]) -> usize {
-        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return 0 };
-        let Some(reach) = self.reach(main, input.node, input.qparams) else { return 0 };
-        let Some(Some(m)) = self.observed.get_mut(&(main, input.node)) else { return 0 };
-        if m.max.len() != u8max.len() || reach.len() != u8max.len() {
-            return 0;
+    /// The channels of main-graph reader `input.node` whose u8 maxima in the quantized model,
+    /// `u8max` (one per channel), went beyond their [`InputMaxima::reach`].
+    pub fn beyond_reach(&self, input: &QuantizedInput, u8max: &[u8]) -> Vec<usize> {
+        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return vec![] };
+        match self.reach(main, input.node, input.qparams) {
+            Some(reach) if reach.len() == u8max.len() => (0..reach.len()).filter(|&c| u8max[c] as i64 > reach[c]).collect(),
+            _ => vec![],
         }
-        let mut raised = 0;
-        for ((mx, &u), &r) in m.max.iter_mut().zip(u8max).zip(&reach) {
-            if u as i64 > r {
-                *mx = mx.max(((u as i64 - input.qparams.zero_point) as f64 * input.qparams.scale as f64) as f32);
-                raised += 1;
-            }
+    }
+
+    /// Raises the maxima of `channels` of main-graph reader `input.node` to what the quantized
+    /// model's u8 maxima `u8max` stand for through the reader's qparams, so that the reach
+    /// gives them its headroom too.
+    pub fn raise(&mut self, input: &QuantizedInput, u8max: &[u8], channels: &[usize]) {
+        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return };
+        let Some(Some(m)) = self.observed.get_mut(&(main, input.node)) else { return };
+        let len = m.max.len().min(u8max.len());
+        for &c in channels.iter().filter(|&&c| c < len) {
+            let value = ((u8max[c] as i64 - input.qparams.zero_point) as f64 * input.qparams.scale as f64) as f32;
+            m.max[c] = m.max[c].max(value);
         }
-        raised
     }
 
     /// The reach of each input channel of node `id` (plan graph `gi`) read through the u8
@@ -601,6 +608,27 @@ mod tests {
 
     fn conv(group: i64) -> Node {
         Node::new("Conv", "c").with_attr("group", qforge_ir::Attr::Int(group))
+    }
+
+    #[test]
+    fn channels_beyond_their_reach_in_the_quantized_model_are_raised_through_the_zero_point() {
+        // Zero point 128, scale 1/8; calibrated channel maxima 1.25 and 6.25 are 10 and 50 steps,
+        // so the reaches are 128 + max(1.25·10, 10 + 16) = 154 and 128 + max(62.5, 66) = 194.
+        let mut m = MinMax::new(Some(1));
+        m.min = vec![0.0, 0.0];
+        m.max = vec![1.25, 6.25];
+        let node = NodeId(3);
+        let mut maxima = InputMaxima { observed: BTreeMap::from([((0, node), Some(m))]), watch: HashMap::new(), paths: vec![vec![]] };
+        let input = QuantizedInput { node, value: "x_q".into(), axis: ReductionAxis::Index(1), qparams: QParams { scale: 0.125, zero_point: 128 } };
+        assert_eq!(maxima.reach(0, node, input.qparams), Some(vec![154, 194]));
+        // The quantized model reached 150 and 200: only the second channel is beyond its reach.
+        let u8max = [150u8, 200];
+        let beyond = maxima.beyond_reach(&input, &u8max);
+        assert_eq!(beyond, vec![1]);
+        maxima.raise(&input, &u8max, &beyond);
+        // (200 - 128) / 8 = 9 is 72 steps: 128 + max(90, 88) = 218.
+        assert_eq!(maxima.reach(0, node, input.qparams), Some(vec![154, 218]));
+        assert!(maxima.beyond_reach(&input, &u8max).is_empty());
     }
 
     #[test]

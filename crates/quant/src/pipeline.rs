@@ -2,7 +2,7 @@
 //! `fuse -> annotate -> prepare -> calibrate -> convert`, over the main graph and every
 //! If/Loop subgraph, with a [`Report`] of what was done.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
 use qforge_ir::{Graph, GraphPath, Model, NodeId, Tensor, ValueId};
@@ -564,9 +564,11 @@ pub const MAX_REACH_REFITS: usize = 3;
 /// which upstream rounding can push further (a channel gated by a quantized squeeze-excitation
 /// branch, say). So the output check, which runs the converted model's integer plan on its
 /// samples, also records those activations' channel maxima; where a channel went beyond its
-/// reach ([`InputMaxima::raise`]), its maximum is raised to what the quantized model gave, and
-/// the model is converted and checked again, at most [`MAX_REACH_REFITS`] times
-/// (`report.pair_sum_reach_raised` counts the channels).
+/// reach ([`InputMaxima::beyond_reach`]), its maximum is raised to what the quantized model
+/// gave, and the model is converted and checked again, at most [`MAX_REACH_REFITS`] times
+/// (`report.pair_sum_reach_raised` counts the channels raised, `pair_sum_reach_exceeded`
+/// those still beyond after the last refit). Readers inside If/Loop bodies keep the float
+/// model's reach.
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
     let Calibrated { model, plan, mut stats, report, graph_names, started, max_opset, convert, check, threads } = c;
     // Range searches (entropy, MSE, ...) are independent per group.
@@ -614,21 +616,27 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     let (mut m, mut converted, mut logs) = convert_all(&stats, report.clone())?;
     let (mut output_check, mut seen) = check_converted(&m, stats.maxima.as_ref())?;
     let mut check_seconds = output_check.as_ref().map_or(0.0, |c| c.seconds);
-    let mut raised_total = 0;
-    for _ in 0..MAX_REACH_REFITS {
+    let mut raised: BTreeSet<(NodeId, usize)> = BTreeSet::new();
+    let mut beyond = 0;
+    for refit in 0..=MAX_REACH_REFITS {
         let Some(maxima) = stats.maxima.as_mut() else { break };
-        let raised: usize = seen.iter().map(|(i, u)| maxima.raise(i, u)).sum();
-        if raised == 0 {
+        let over: Vec<_> = seen.iter().map(|(i, u)| (i, u, maxima.beyond_reach(i, u))).filter(|(_, _, c)| !c.is_empty()).collect();
+        beyond = over.iter().map(|(_, _, c)| c.len()).sum();
+        if beyond == 0 || refit == MAX_REACH_REFITS {
             break;
         }
-        raised_total += raised;
+        for (i, u, channels) in over {
+            maxima.raise(i, u, &channels);
+            raised.extend(channels.iter().map(|&c| (i.node, c)));
+        }
         (m, converted, logs) = convert_all(&stats, report.clone())?;
         (output_check, seen) = check_converted(&m, stats.maxima.as_ref())?;
         check_seconds += output_check.as_ref().map_or(0.0, |c| c.seconds);
     }
     let mut report = converted;
-    report.pair_sum_reach_raised = raised_total;
-    report.output_check = output_check;
+    report.pair_sum_reach_raised = raised.len();
+    report.pair_sum_reach_exceeded = beyond;
+    report.output_check = output_check.map(|c| OutputCheck { seconds: check_seconds, ..c });
     report.bias_correction_enabled = stats.means.is_some();
     report.gptq_enabled = stats.grams.is_some();
     report.weight_range_search = convert.weight_search;

@@ -159,6 +159,9 @@ pub struct Report {
     /// their activations went beyond the reach the float model's calibrated maxima gave, and
     /// the weights reading them were fitted again ([`crate::pipeline::convert_logged`]).
     pub pair_sum_reach_raised: usize,
+    /// Input channels still beyond their reach in the quantized model after the last refit
+    /// ([`crate::pipeline::MAX_REACH_REFITS`]).
+    pub pair_sum_reach_exceeded: usize,
     /// What an accuracy budget returned to float, decision by decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy_budget: Option<crate::sensitivity::BudgetOutcome>,
@@ -178,7 +181,8 @@ pub struct Report {
 pub struct OutputCheck {
     pub samples: usize,
     pub outputs: Vec<crate::compare::TensorComparison>,
-    /// Wall time of the check, outside the report's `total_seconds`.
+    /// Wall time of the check (of every check, when convert refitted weights and checked
+    /// again), outside the report's `total_seconds`.
     pub seconds: f64,
 }
 
@@ -501,11 +505,14 @@ impl Report {
         let rescaled: usize = self.pair_sums.iter().map(|r| r.rescaled).sum();
         let channels: usize = self.pair_sums.iter().map(|r| r.channels).sum();
         let projected: usize = self.pair_sums.iter().map(|r| r.projected_pairs).sum();
-        let raised = match (self.pair_sum_reach_raised, &self.output_check) {
-            (0, _) => String::new(),
-            (k, Some(c)) => format!("; {k} input channel(s) went beyond that reach in the quantized model on the {} check sample(s), and their weights were fitted again to what they reached", c.samples),
-            (k, None) => format!("; {k} input channel(s) went beyond that reach in the quantized model, and their weights were fitted again to what they reached"),
+        let samples = self.output_check.as_ref().map_or(0, |c| c.samples);
+        let mut raised = match self.pair_sum_reach_raised {
+            0 => String::new(),
+            k => format!("; {k} input channel(s) went beyond that reach in the quantized model on the {samples} check sample(s), and their weights were fitted again to what they reached"),
         };
+        if self.pair_sum_reach_exceeded > 0 {
+            raised += &format!(" ({} still beyond it after {} refits: ONNX Runtime can saturate there)", self.pair_sum_reach_exceeded, crate::pipeline::MAX_REACH_REFITS);
+        }
         Some(format!("{} weight(s) fitted so that no two weights the target adds into one 16-bit sum can overflow it with activations within their channels' calibrated reach (ONNX Runtime's u8 x s8 kernels on x86 without VNNI): \
             {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them){raised}", self.pair_sums.len()))
     }

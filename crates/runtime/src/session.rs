@@ -50,7 +50,8 @@ impl RunValues {
 ///   results by rounding at most.
 ///
 /// Runs with hooks use the plan of the graph as given, so hooks see every value, except runs
-/// with a [`Watch`] ([`Session::watching`]), which fuse the chains between the watched values.
+/// with a [`Watch`] ([`Session::watching`]), which fuse the chains between the watched values,
+/// and [`Session::run_values_observed`], which runs the plan of runs without hooks.
 /// Setting the environment variable `QFORGE_NO_FUSION` (to anything) when a session is created
 /// turns both rewrites off, to compare.
 pub struct Session {
