@@ -187,7 +187,7 @@ pub(crate) fn pair_sums(folded: &Model, reach: &dyn Fn(&U8Activation) -> Option<
             [one] => *one,
             per_channel => per_channel.get(channel(e)).copied().unwrap_or(FULL_REACH),
         }.clamp(0, FULL_REACH);
-        let over = pairs.iter().filter(|&&[a, b]| q[a].signum() == q[b].signum() && reach_of(a) * q[a].abs() + reach_of(b) * q[b].abs() > limit).count();
+        let over = pairs.iter().filter(|&&[a, b]| qforge_quant::pair_sums::pair_over(q[a], q[b], [reach_of(a), reach_of(b)], limit)).count();
         if over > 0 {
             let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
             saturating.push(json!({ "node": node, "op": n.op_type, "weight": g.value_name(w), "pairs": over, "of": pairs.len() }));

@@ -38,7 +38,7 @@ use qforge_ir::{Graph, GraphPath, Node, NodeId, Tensor, ValueId};
 use qforge_runtime::ValueEvent;
 
 use crate::bias_correction::{main_graph_values, plan_graph_of};
-use crate::observer::MinMax;
+use crate::observer::{AxisLayout, MinMax};
 use crate::prepare::QuantPlan;
 use crate::spec::Spec;
 use crate::QParams;
@@ -89,6 +89,14 @@ pub fn reduction_pairs(node: &Node, shape: &[usize]) -> Option<Vec<[usize; 2]>> 
     Some(pairs)
 }
 
+/// Whether two paired integers `a`, `b` (zero point removed) read against activations reaching
+/// `ra`, `rb` can sum to more than `limit` (`FULL_REACH` times the target's `pair_sum_max`): of
+/// one sign, with `ra·|a| + rb·|b| > limit`. With opposite signs their products partly cancel
+/// and the sum stays within one product.
+pub fn pair_over(a: i64, b: i64, [ra, rb]: [i64; 2], limit: i64) -> bool {
+    a.signum() == b.signum() && ra * a.abs() + rb * b.abs() > limit
+}
+
 /// The largest u8 activation: the reach [`PairedWeight::reach`] assumes when nothing smaller
 /// is known, at which `pair_sum_max` is the limit on `|a| + |b|`.
 pub const FULL_REACH: i64 = 255;
@@ -122,8 +130,8 @@ impl PairedWeight<'_> {
 
     /// Whether integers `da`, `db` (zero point removed) read against activations reaching `ra`,
     /// `rb` can exceed the limit: of one sign, with `ra·|da| + rb·|db| > limit`.
-    fn over(&self, da: i64, db: i64, [ra, rb]: [i64; 2]) -> bool {
-        da.signum() == db.signum() && ra * da.abs() + rb * db.abs() > self.limit()
+    fn over(&self, da: i64, db: i64, reach: [i64; 2]) -> bool {
+        pair_over(da, db, reach, self.limit())
     }
 
     /// The integers `(a, b)` of a pair whose same-sign sum of products exceeds the limit moved
@@ -334,26 +342,21 @@ impl qforge_runtime::Hooks for U8ChannelMaxima {
         for &axis in axes {
             let slot = self.maxima.entry((event.name.to_string(), axis)).or_insert_with(|| Some(vec![]));
             let Some(m) = slot else { continue };
-            let a = axis.index(shape.len());
-            let (Ok(data), Some(&channels)) = (value.as_slice::<u8>(), shape.get(a)) else {
+            let (Ok(data), Some(layout)) = (value.as_slice::<u8>(), AxisLayout::new(shape, Some(axis.index(shape.len())))) else {
                 *slot = None;
                 continue;
             };
-            let inner: usize = shape[a + 1..].iter().product();
-            if data.is_empty() || inner == 0 {
+            if data.is_empty() {
                 continue;
             }
             if m.is_empty() {
-                m.resize(channels, 0);
+                m.resize(layout.channels, 0);
             }
-            if m.len() != channels {
+            if m.len() != layout.channels {
                 *slot = None;
                 continue;
             }
-            for (i, row) in data.chunks(inner).enumerate() {
-                let c = &mut m[i % channels];
-                *c = row.iter().fold(*c, |acc, &v| acc.max(v));
-            }
+            layout.for_each_run(data, |c, run| m[c] = run.iter().fold(m[c], |acc, &v| acc.max(v)));
         }
         None
     }
@@ -452,12 +455,17 @@ impl InputMaxima {
         }
     }
 
+    /// The plan graph index of the main graph.
+    fn main(&self) -> Option<usize> {
+        self.paths.iter().position(|p| p.is_empty())
+    }
+
     /// The observed readers of the main graph, in `q` (the main graph converted from the
     /// plan's, node ids kept): each with the u8 activation it reads through a per-tensor
     /// DequantizeLinear of constant qparams (a u8 zero point). Readers whose input is not so
     /// quantized are left out.
     pub fn quantized_inputs(&self, q: &Graph) -> Vec<QuantizedInput> {
-        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return vec![] };
+        let Some(main) = self.main() else { return vec![] };
         let constant = |v: Option<ValueId>| v.and_then(|v| q.value(v).ok()?.initializer()?.to_f64_vec().ok()).filter(|x| x.len() == 1).map(|x| x[0]);
         self.observed.iter().filter(|((gi, _), m)| *gi == main && m.is_some()).filter_map(|(&(_, id), _)| {
             let n = q.node(id).ok()?;
@@ -474,7 +482,7 @@ impl InputMaxima {
     /// The channels of main-graph reader `input.node` whose u8 maxima in the quantized model,
     /// `u8max` (one per channel), went beyond their [`InputMaxima::reach`].
     pub fn beyond_reach(&self, input: &QuantizedInput, u8max: &[u8]) -> Vec<usize> {
-        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return vec![] };
+        let Some(main) = self.main() else { return vec![] };
         match self.reach(main, input.node, input.qparams) {
             Some(reach) if reach.len() == u8max.len() => (0..reach.len()).filter(|&c| u8max[c] as i64 > reach[c]).collect(),
             _ => vec![],
@@ -485,7 +493,7 @@ impl InputMaxima {
     /// model's u8 maxima `u8max` stand for through the reader's qparams, so that the reach
     /// gives them its headroom too.
     pub fn raise(&mut self, input: &QuantizedInput, u8max: &[u8], channels: &[usize]) {
-        let Some(main) = self.paths.iter().position(|p| p.is_empty()) else { return };
+        let Some(main) = self.main() else { return };
         let Some(Some(m)) = self.observed.get_mut(&(main, input.node)) else { return };
         let len = m.max.len().min(u8max.len());
         for &c in channels.iter().filter(|&&c| c < len) {

@@ -37,7 +37,7 @@ impl AxisLayout {
     }
 
     /// Calls `f(channel, values)` for every contiguous run of one channel's values.
-    pub fn for_each_run(&self, data: &[f32], mut f: impl FnMut(usize, &[f32])) {
+    pub fn for_each_run<T>(&self, data: &[T], mut f: impl FnMut(usize, &[T])) {
         for o in 0..self.outer {
             for c in 0..self.channels {
                 let start = (o * self.channels + c) * self.inner;
