@@ -546,7 +546,7 @@ pub struct ConvertOptions {
 /// GPTQ on those scales. With input means (bias correction, [`crate::bias_correction`]), the
 /// float bias of every Conv and Gemm they watched is then shifted by `E[(W − Ŵ)·x]` before it
 /// is quantized.
-pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], stats: &InputStats, options: ConvertOptions) -> Result<ConvertLog, String> {
+pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], stats: &InputStats, options: ConvertOptions, fits: &WeightFits) -> Result<ConvertLog, String> {
     let ConvertOptions { contrib, weight_search, typed_outputs } = options;
     let means = stats.means.as_ref();
     let gp = &plan.graphs[gi];
@@ -626,10 +626,11 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
         reach
     };
     // Constants: weights first (bias scales depend on them), then biases.
-    let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
     // A weight that several nodes read alike (an unrolled recurrence's, once per step) is
     // quantized once: same value, spec and reduction order, and no GPTQ rounding of its own.
-    let mut shared: Vec<(SharedWeight, QuantizedConst, Option<PairSumsRecord>)> = vec![];
+    // The distinct weights are quantized in parallel, each with a log of its own, merged in
+    // node order so that the report does not depend on the thread count.
+    let mut jobs: Vec<WeightJob> = vec![];
     let mut biases: Vec<(NodeId, usize, Vec<Edge>)> = vec![];
     for (&n, ann) in &a.nodes {
         for (i, s) in ann.inputs.iter().enumerate() {
@@ -641,41 +642,60 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             }
             match s {
                 Spec::Quantize(spec) => {
-                    let Some(t) = const_data(g, v) else { continue };
-                    let (data, shape) = (floats(&t), t.shape());
+                    if const_data(g, v).is_none() {
+                        continue;
+                    }
                     let node = g.node(n).map_err(|e| e.to_string())?;
                     let key = (i == 1 && stats.grams.as_ref().is_none_or(|gr| !gr.watches(gi, n)))
                         .then(|| SharedWeight { value: v, spec: spec.clone(), op: node.op_type.clone(), group: node.attr_int("group"), trans_b: node.attr_int("transB") });
-                    let c = match key.as_ref().and_then(|k| shared.iter().find(|(s, ..)| s == k)) {
-                        Some((_, c, record)) => {
-                            if let Some(r) = record {
-                                em.log.pair_sums_fitted.push((node.display_name(n), r.1.clone(), r.2.clone(), r.3, r.4, r.5));
-                            }
-                            c.clone()
-                        }
-                        None => {
-                            let mut c = quantize_const(data, shape, spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(v)))?;
-                            if i == 1 {
-                                finish_weight(g, gi, n, stats, weight_reach(v).as_deref(), data, &mut c, spec, true, &mut em.log)?;
-                            }
-                            if let Some(k) = key {
-                                let record = em.log.pair_sums_fitted.iter().find(|r| r.0 == node.display_name(n)).cloned();
-                                shared.push((k, c.clone(), record));
-                            }
-                            c
-                        }
-                    };
-                    if i == 1 {
-                        if let Some(narrow) = narrow_channels(g, n, data, shape, spec, &c) {
-                            em.log.narrow_weight_channels.push((node.display_name(n), node.op_type.clone(), g.value_name(v).to_string(), narrow.0, narrow.1, narrow.2));
-                        }
-                    }
-                    weights.insert((n, i), c);
+                    let same_as = key.as_ref().and_then(|k| jobs.iter().position(|j| j.same_as.is_none() && j.key.as_ref() == Some(k)));
+                    jobs.push(WeightJob { node: n, input: i, value: v, spec, key, same_as });
                 }
                 Spec::Derived { from, how: Derivation::BiasScale } => biases.push((n, i, from.clone())),
                 _ => {}
             }
         }
+    }
+    let fitted: Vec<Result<Option<(QuantizedConst, ConvertLog)>, String>> = {
+        use rayon::prelude::*;
+        jobs.par_iter().map(|j| {
+            if j.same_as.is_some() {
+                return Ok(None);
+            }
+            let reach = if j.input == 1 { weight_reach(j.value) } else { None };
+            let key = (gi, j.node, j.input, reach);
+            if let Some(done) = fits.get(&key) {
+                return Ok(Some(done));
+            }
+            let mut log = ConvertLog::default();
+            let t = const_data(g, j.value).expect("constant data checked above");
+            let (data, shape) = (floats(&t), t.shape());
+            let mut c = quantize_const(data, shape, j.spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(j.value)))?;
+            if j.input == 1 {
+                finish_weight(g, gi, j.node, stats, key.3.as_deref(), data, &mut c, j.spec, true, &mut log)?;
+            }
+            fits.insert(key, (c.clone(), log.clone()));
+            Ok(Some((c, log)))
+        }).collect()
+    };
+    let fitted = fitted.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut weights: BTreeMap<(NodeId, usize), QuantizedConst> = BTreeMap::new();
+    for (k, j) in jobs.iter().enumerate() {
+        let node = g.node(j.node).map_err(|e| e.to_string())?;
+        let (c, log) = fitted[j.same_as.unwrap_or(k)].as_ref().expect("the first job of each key is fitted");
+        if j.same_as.is_none() {
+            em.log.gptq_rounded.extend(log.gptq_rounded.iter().cloned());
+            em.log.gptq_skipped.extend(log.gptq_skipped.iter().cloned());
+        }
+        let record = log.pair_sums_fitted.first().map(|r| (node.display_name(j.node), r.1.clone(), r.2.clone(), r.3, r.4, r.5));
+        em.log.pair_sums_fitted.extend(record);
+        if j.input == 1 {
+            let t = const_data(g, j.value).expect("constant data checked above");
+            if let Some(narrow) = narrow_channels(g, j.node, floats(&t), t.shape(), j.spec, c) {
+                em.log.narrow_weight_channels.push((node.display_name(j.node), node.op_type.clone(), g.value_name(j.value).to_string(), narrow.0, narrow.1, narrow.2));
+            }
+        }
+        weights.insert((j.node, j.input), c.clone());
     }
     let mut bias_consts: Vec<((NodeId, usize), QuantizedConst)> = vec![];
     for (n, i, from) in biases {
@@ -784,6 +804,37 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     let Emitter { patch, log, .. } = em;
     g.apply(patch).map_err(|e| e.to_string())?;
     Ok(log)
+}
+
+/// Quantized constants [`convert_graph`] computed, by graph index, node, input and the reach
+/// a weight was fitted to ([`crate::pair_sums`]; `None` for full reach and for other inputs).
+/// Converting a plan again after only some channels' reach rose refits only the weights those
+/// channels feed. One instance serves one plan with one set of qparams and options, and stats
+/// that differ at most in their maxima.
+#[derive(Default)]
+pub struct WeightFits(std::sync::Mutex<std::collections::HashMap<WeightFitKey, (QuantizedConst, ConvertLog)>>);
+
+type WeightFitKey = (usize, NodeId, usize, Option<Vec<i64>>);
+
+impl WeightFits {
+    fn get(&self, key: &WeightFitKey) -> Option<(QuantizedConst, ConvertLog)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+    }
+
+    fn insert(&self, key: WeightFitKey, fit: (QuantizedConst, ConvertLog)) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key, fit);
+    }
+}
+
+/// A quantized constant input of an annotated node: `same_as` names the earlier job whose
+/// integers it takes (same [`SharedWeight`] key).
+struct WeightJob<'a> {
+    node: NodeId,
+    input: usize,
+    value: ValueId,
+    spec: &'a QuantizationSpec,
+    key: Option<SharedWeight>,
+    same_as: Option<usize>,
 }
 
 /// What makes two reads of one weight quantize alike: the value, its spec, and what decides

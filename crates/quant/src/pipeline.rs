@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
 use crate::pair_sums::{InputMaxima, QuantizedInput, U8ChannelMaxima};
-use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput};
+use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput, WeightFits};
 use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, matmul_add_to_gemm, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
@@ -565,8 +565,8 @@ pub const MAX_REACH_REFITS: usize = 3;
 /// branch, say). So the output check, which runs the converted model's integer plan on its
 /// samples, also records those activations' channel maxima; where a channel went beyond its
 /// reach ([`InputMaxima::beyond_reach`]), its maximum is raised to what the quantized model
-/// gave, and the model is converted and checked again, at most [`MAX_REACH_REFITS`] times
-/// (`report.pair_sum_reach_raised` counts the channels raised, `pair_sum_reach_exceeded`
+/// gave, and the model is converted and checked again, at most [`MAX_REACH_REFITS`] times,
+/// refitting only the weights whose reach rose ([`WeightFits`]) (`report.pair_sum_reach_raised` counts the channels raised, `pair_sum_reach_exceeded`
 /// those still beyond after the last refit). Readers inside If/Loop bodies keep the float
 /// model's reach.
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
@@ -574,13 +574,14 @@ pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>),
     // Range searches (entropy, MSE, ...) are independent per group.
     let params: Vec<_> = plan.groups.par_iter().map(group_qparams).collect();
     let opset_before = model.opset("").unwrap_or(1);
+    let fits = WeightFits::default();
     let convert_all = |stats: &InputStats, mut report: Report| -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
         let mut m = model.clone();
         let mut need = opset_before;
         let mut logs = vec![ConvertLog::default(); plan.graphs.len()];
         for gi in (0..plan.graphs.len()).rev() {
             let g = m.graph.graph_at_mut(&plan.graphs[gi].path).expect("planned path");
-            let log = convert_graph(g, &plan, gi, &params, stats, convert).map_err(stage("convert"))?;
+            let log = convert_graph(g, &plan, gi, &params, stats, convert, &fits).map_err(stage("convert"))?;
             g.remove_dead_nodes();
             need = need.max(log.min_opset);
             report.add_log(&graph_names[gi], &plan, &log);

@@ -8,7 +8,9 @@
 
 use qforge_ir::{Attr, Graph, Model, Node, OpsetImport, Tensor, ValueId};
 use qforge_quant::backend::BackendConfig;
-use qforge_quant::pipeline::{quantize, QuantizeOptions};
+use qforge_quant::convert::{convert_graph, group_qparams, ConvertOptions, WeightFits};
+use qforge_quant::pipeline::{calibrate, quantize, InputStats, QuantizeOptions};
+use qforge_quant::quantizer::Quantizer;
 use qforge_quant::qconfig::RangeName;
 use qforge_quant::quantizer::{default_mapping, ConfigQuantizer};
 use qforge_testkit::{compare, noise, ort_run_with, ort_u8s8_exact, TempDir};
@@ -223,8 +225,11 @@ fn a_weight_shared_by_two_nodes_is_fitted_and_stored_once() {
 /// output check measures what the quantized `h` reaches and convert fits again, so ONNX
 /// Runtime computes qforge's outputs on every CPU; without a check it does only on a CPU with
 /// VNNI.
-#[test]
-fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one() {
+/// `x -> Conv a (Wa) -> Relu -> h -> Conv b (Wb, 3x3) -> y`, with `x` of shape `[1, 2, 6, 6]`,
+/// and two calibration samples: the brightest input (channel 0 at 100, channel 1 at 0.2) and
+/// noise below it. `Wa` maps channel 0 to `h`'s dim channel 0 and channel 1 to its bright
+/// channel 1.
+fn reach_model() -> (Model, Vec<Vec<(String, Tensor)>>) {
     let mut g = Graph::new("reach");
     let shape = [1usize, 2, 6, 6];
     let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[1, 2, 6, 6]))).unwrap();
@@ -240,8 +245,13 @@ fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one
     let m = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
     let n = shape.iter().product::<usize>() / 2;
     let feed = |x0: Vec<f32>, x1: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&shape, [x0, x1].concat()).unwrap())];
-    let brightest = feed(vec![100.0; n], vec![0.2; n]);
-    let calibration = vec![brightest.clone(), feed(noise(1, n, 0.0, 100.0), noise(2, n, 0.0, 0.2))];
+    (m, vec![feed(vec![100.0; n], vec![0.2; n]), feed(noise(1, n, 0.0, 100.0), noise(2, n, 0.0, 0.2))])
+}
+
+#[test]
+fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one() {
+    let (m, calibration) = reach_model();
+    let brightest = calibration[0].clone();
     let exact = ort_u8s8_exact();
     for check_samples in [2, 0] {
         let backend = ort_backend(true);
@@ -261,4 +271,42 @@ fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one
             assert_eq!(same, exact, "fitted to the float reach only, ONNX Runtime is {diff} off qforge (this CPU has VNNI: {exact})");
         }
     }
+}
+
+/// Convert refits a weight only when its reach changed ([`WeightFits`]): after raising one
+/// channel of `h`, a convert that reuses the first convert's fits writes the same integers and
+/// scales as a convert from scratch, and `Wb`'s differ from the first convert's (so a fit
+/// keyed without the reach would show), while `Wa`, whose input's reach did not move, is
+/// unchanged.
+#[test]
+fn a_refit_through_earlier_fits_equals_a_convert_from_scratch() {
+    let (m, calibration) = reach_model();
+    let quantizer = ConfigQuantizer { backend: ort_backend(true), mapping: default_mapping(&ort_backend(true), RangeName::Minmax, true) };
+    let opts = QuantizeOptions { check_samples: 0, ..Default::default() };
+    let c = calibrate(&m, &quantizer, &calibration, &opts, &mut |_, _| {}).unwrap();
+    let params: Vec<_> = c.plan.groups.iter().map(group_qparams).collect();
+    let options = ConvertOptions { contrib: false, weight_search: false, typed_outputs: quantizer.typed_outputs() };
+    let convert = |stats: &InputStats, fits: &WeightFits| {
+        let mut g = c.model.graph.clone();
+        convert_graph(&mut g, &c.plan, 0, &params, stats, options, fits).unwrap();
+        g
+    };
+    let fits = WeightFits::default();
+    let first = convert(&c.stats, &fits);
+    let mut raised = c.stats.clone();
+    let maxima = raised.maxima.as_mut().expect("the ort backend collects channel maxima");
+    let input = maxima.quantized_inputs(&first).into_iter().find(|i| first.node(i.node).unwrap().name == "b").expect("b reads a u8 activation");
+    maxima.raise(&input, &[0, 255], &[1]);
+    let reused = convert(&raised, &fits);
+    let scratch = convert(&raised, &WeightFits::default());
+    // The quantized constants: every initializer the convert wrote, by name.
+    let constants = |g: &Graph| -> Vec<(String, Vec<u8>)> {
+        let mut all: Vec<_> = g.values().filter_map(|(v, x)| Some((g.value_name(v).to_string(), x.initializer()?.raw_bytes()?.to_vec()))).collect();
+        all.sort();
+        all
+    };
+    assert_eq!(constants(&reused), constants(&scratch), "a refit through earlier fits writes what a convert from scratch writes");
+    let named = |g: &Graph, prefix: &str| constants(g).into_iter().filter(|(n, _)| n.starts_with(prefix)).collect::<Vec<_>>();
+    assert_ne!(named(&first, "Wb"), named(&reused, "Wb"), "Wb's fit follows the raised reach");
+    assert_eq!(named(&first, "Wa"), named(&reused, "Wa"));
 }
