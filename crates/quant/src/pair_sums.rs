@@ -255,6 +255,14 @@ pub const REACH_HEADROOM: f64 = 1.25;
 /// See [`REACH_HEADROOM`]: the least headroom, in steps of the activation's u8 grid.
 pub const REACH_MIN_STEPS: f64 = 16.0;
 
+/// The fewest values per input channel calibration must see for its maximum to set a reach.
+/// A pooled feature (a squeeze-excitation bottleneck after GlobalAveragePool, a classifier's
+/// input) gives one per sample, so over a few dozen samples its maximum is the largest of a
+/// few dozen draws, which new inputs pass by more than the headroom (up to 1.8 times, on
+/// fresh ocr_det pages); the weights reading it assume [`FULL_REACH`]. A decoder step's
+/// vector inside a Loop gives one per step, and hundreds of steps per sample measure it.
+pub const REACH_MIN_VALUES: u64 = 1024;
+
 /// The axis of an activation that a weighted node reduces over (its input channels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReductionAxis {
@@ -362,6 +370,12 @@ impl qforge_runtime::Hooks for U8ChannelMaxima {
     }
 }
 
+/// Whether a reader's channel maxima set a reach: each channel seen at least
+/// [`REACH_MIN_VALUES`] times.
+fn measured(m: &MinMax) -> bool {
+    !m.max.is_empty() && m.count >= REACH_MIN_VALUES * m.max.len() as u64
+}
+
 /// A pair-fitted reader in the main graph of a converted model: the u8 activation it reads
 /// through DequantizeLinear, with that activation's qparams.
 #[derive(Debug, Clone)]
@@ -376,7 +390,8 @@ pub struct QuantizedInput {
 /// with a `pair_sum_max` reads (Conv channels, the `K` columns of Gemm and MatMul), keyed by
 /// (plan graph index, node): a per-channel [`MinMax`] observer each, so merging is exact in
 /// any order. `None` marks a reader dropped (its input was not float or changed its channel
-/// count); its weights then assume [`FULL_REACH`].
+/// count); its weights then assume [`FULL_REACH`], as do those of a reader seen fewer than
+/// [`REACH_MIN_VALUES`] times per channel.
 #[derive(Debug, Clone, Default)]
 pub struct InputMaxima {
     observed: BTreeMap<(usize, NodeId), Option<MinMax>>,
@@ -460,14 +475,14 @@ impl InputMaxima {
         self.paths.iter().position(|p| p.is_empty())
     }
 
-    /// The observed readers of the main graph, in `q` (the main graph converted from the
+    /// The observed readers of the main graph whose maxima set a reach ([`measured`]), in `q` (the main graph converted from the
     /// plan's, node ids kept): each with the u8 activation it reads through a per-tensor
     /// DequantizeLinear of constant qparams (a u8 zero point). Readers whose input is not so
     /// quantized are left out.
     pub fn quantized_inputs(&self, q: &Graph) -> Vec<QuantizedInput> {
         let Some(main) = self.main() else { return vec![] };
         let constant = |v: Option<ValueId>| v.and_then(|v| q.value(v).ok()?.initializer()?.to_f64_vec().ok()).filter(|x| x.len() == 1).map(|x| x[0]);
-        self.observed.iter().filter(|((gi, _), m)| *gi == main && m.is_some()).filter_map(|(&(_, id), _)| {
+        self.observed.iter().filter(|((gi, _), m)| *gi == main && m.as_ref().is_some_and(measured)).filter_map(|(&(_, id), _)| {
             let n = q.node(id).ok()?;
             let (p, _) = q.producer(n.input(0)?)?;
             let dq = q.node(p).ok().filter(|d| d.op_type == "DequantizeLinear" && d.domain.is_empty())?;
@@ -504,9 +519,9 @@ impl InputMaxima {
 
     /// The reach of each input channel of node `id` (plan graph `gi`) read through the u8
     /// qparams `x` ([`REACH_HEADROOM`], rounded up), at most [`FULL_REACH`]; `None` when the
-    /// node was not observed.
+    /// node was not observed, or seen fewer than [`REACH_MIN_VALUES`] times per channel.
     pub fn reach(&self, gi: usize, id: NodeId, x: QParams) -> Option<Vec<i64>> {
-        let m = self.observed.get(&(gi, id))?.as_ref().filter(|m| !m.max.is_empty())?;
+        let m = self.observed.get(&(gi, id))?.as_ref().filter(|m| measured(m))?;
         if !(x.scale > 0.0) {
             return None;
         }
@@ -625,9 +640,14 @@ mod tests {
         let mut m = MinMax::new(Some(1));
         m.min = vec![0.0, 0.0];
         m.max = vec![1.25, 6.25];
+        m.count = 2 * REACH_MIN_VALUES - 1;
         let node = NodeId(3);
         let mut maxima = InputMaxima { observed: BTreeMap::from([((0, node), Some(m))]), watch: HashMap::new(), paths: vec![vec![]] };
         let input = QuantizedInput { node, value: "x_q".into(), axis: ReductionAxis::Index(1), qparams: QParams { scale: 0.125, zero_point: 128 } };
+        assert_eq!(maxima.reach(0, node, input.qparams), None, "a channel seen fewer than REACH_MIN_VALUES times sets no reach");
+        if let Some(Some(m)) = maxima.observed.get_mut(&(0, node)) {
+            m.count += 1;
+        }
         assert_eq!(maxima.reach(0, node, input.qparams), Some(vec![154, 194]));
         // The quantized model reached 150 and 200: only the second channel is beyond its reach.
         let u8max = [150u8, 200];

@@ -149,10 +149,12 @@ fn seven_bit_activations_keep_full_range_weights_exact_in_onnx_runtime_on_every_
 /// outputs on the calibration samples.
 #[test]
 fn weights_read_against_dim_channels_keep_their_range_and_stay_exact() {
-    let m = model("Conv", &[("pads", Attr::Ints(vec![1; 4])), ("group", Attr::Int(2))], &[1, 4, 8, 8], &[8, 2, 3, 3], 0, true);
-    let n = 4 * 64;
-    let feed = |v: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&[1, 4, 8, 8], v).unwrap())];
-    let dim = |v: Vec<f32>| v.into_iter().enumerate().map(|(i, x)| if i < 128 { x } else { 0.05 * x }).collect::<Vec<f32>>();
+    // 24 x 24 positions a channel, so two samples measure a reach (REACH_MIN_VALUES).
+    let m = model("Conv", &[("pads", Attr::Ints(vec![1; 4])), ("group", Attr::Int(2))], &[1, 4, 24, 24], &[8, 2, 3, 3], 0, true);
+    let hw = 24 * 24;
+    let n = 4 * hw;
+    let feed = |v: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&[1, 4, 24, 24], v).unwrap())];
+    let dim = |v: Vec<f32>| v.into_iter().enumerate().map(|(i, x)| if i < 2 * hw { x } else { 0.05 * x }).collect::<Vec<f32>>();
     let bright: Vec<Vec<(String, Tensor)>> = vec![feed(vec![1.0; n]), feed(noise(1, n, 0.0, 1.0))];
     let dimmed: Vec<Vec<(String, Tensor)>> = vec![feed(dim(vec![1.0; n])), feed(dim(noise(1, n, 0.0, 1.0)))];
     let raised = |calibration: &Vec<Vec<(String, Tensor)>>| -> (usize, qforge_ir::Model) {
@@ -225,14 +227,14 @@ fn a_weight_shared_by_two_nodes_is_fitted_and_stored_once() {
 /// output check measures what the quantized `h` reaches and convert fits again, so ONNX
 /// Runtime computes qforge's outputs on every CPU; without a check it does only on a CPU with
 /// VNNI.
-/// `x -> Conv a (Wa) -> Relu -> h -> Conv b (Wb, 3x3) -> y`, with `x` of shape `[1, 2, 6, 6]`,
+/// `x -> Conv a (Wa) -> Relu -> h -> Conv b (Wb, 3x3) -> y`, with `x` of shape `[1, 2, 24, 24]`,
 /// and two calibration samples: the brightest input (channel 0 at 100, channel 1 at 0.2) and
 /// noise below it. `Wa` maps channel 0 to `h`'s dim channel 0 and channel 1 to its bright
 /// channel 1.
 fn reach_model() -> (Model, Vec<Vec<(String, Tensor)>>) {
     let mut g = Graph::new("reach");
-    let shape = [1usize, 2, 6, 6];
-    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[1, 2, 6, 6]))).unwrap();
+    let shape = [1usize, 2, 24, 24];
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[1, 2, 24, 24]))).unwrap();
     let wa = g.add_initializer("Wa", Tensor::from_vec(&[2, 2, 1, 1], vec![0.1f32, 0.0, 0.0, 10.0]).unwrap()).unwrap();
     let wb = g.add_initializer("Wb", Tensor::from_vec(&[1, 2, 3, 3], [[0.74f32; 9], [1.0; 9]].concat()).unwrap()).unwrap();
     let a = g.new_value("a", None).unwrap();
@@ -309,4 +311,49 @@ fn a_refit_through_earlier_fits_equals_a_convert_from_scratch() {
     let named = |g: &Graph, prefix: &str| constants(g).into_iter().filter(|(n, _)| n.starts_with(prefix)).collect::<Vec<_>>();
     assert_ne!(named(&first, "Wb"), named(&reused, "Wb"), "Wb's fit follows the raised reach");
     assert_eq!(named(&first, "Wa"), named(&reused, "Wa"));
+}
+
+/// A weight reading a pooled feature (GlobalAveragePool's one value per channel per sample) is
+/// fitted for full reach, whatever calibration saw: eight samples are too few draws to bound
+/// what other inputs reach (`REACH_MIN_VALUES`). `V` reads the same channels at full resolution
+/// (144 values per channel per sample) and is fitted to their measured reach: channel 1 stays within a tenth of
+/// channel 0, so `V`'s pairs may go past `|q_a| + |q_b| = 128` and `W`'s may not. An input
+/// that drives channel 1 ten times past calibration leaves ONNX Runtime on the exact integers.
+#[test]
+fn weights_reading_pooled_features_assume_full_reach() {
+    let mut g = Graph::new("pooled");
+    let shape = [1usize, 2, 12, 12];
+    let x = g.add_input("x", Some(qforge_ir::ValueType::tensor_of(qforge_ir::DType::F32, &[1, 2, 12, 12]))).unwrap();
+    let weights = || Tensor::from_vec(&[4, 2, 1, 1], vec![0.787f32, 1.0, 0.5, 1.0, 0.3, 1.0, 0.7, 1.0]).unwrap();
+    let w = g.add_initializer("W", weights()).unwrap();
+    let v = g.add_initializer("V", weights()).unwrap();
+    let p = g.new_value("p", None).unwrap();
+    let y = g.new_value("y", None).unwrap();
+    let z = g.new_value("z", None).unwrap();
+    g.add_node(Node::new("GlobalAveragePool", "pool").with_inputs([x]).with_outputs([p])).unwrap();
+    g.add_node(Node::new("Conv", "pooled").with_inputs([p, w]).with_outputs([y])).unwrap();
+    g.add_node(Node::new("Conv", "spatial").with_inputs([x, v]).with_outputs([z])).unwrap();
+    g.set_outputs(vec![y, z]).unwrap();
+    let m = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
+    let n = shape.iter().product::<usize>() / 2;
+    let feed = |x0: Vec<f32>, x1: Vec<f32>| vec![("x".to_string(), Tensor::from_vec(&shape, [x0, x1].concat()).unwrap())];
+    let calibration: Vec<_> = (0..8).map(|s| feed(noise(20 + s, n, 0.0, 1.0), noise(40 + s, n, 0.0, 0.1))).collect();
+    let backend = ort_backend(true);
+    let mapping = default_mapping(&backend, RangeName::Minmax, true);
+    let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, &calibration, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
+    let pair_sums = |name: &str| -> Vec<i64> {
+        let t = q.graph.values().find(|(id, _)| q.graph.value_name(*id) == format!("{name}_quantized")).and_then(|(_, x)| x.initializer().cloned()).unwrap();
+        t.to_i64_vec().unwrap().chunks(2).map(|c| c[0].abs() + c[1].abs()).collect()
+    };
+    assert!(pair_sums("W").iter().all(|&s| s <= 128), "W reads a pooled feature: {:?}", pair_sums("W"));
+    assert!(pair_sums("V").iter().any(|&s| s > 128), "V is fitted to its channels' measured reach: {:?}", pair_sums("V"));
+    assert_eq!(report.pair_sum_reach_exceeded, 0);
+    let beyond = feed(vec![1.0; n], vec![1.0; n]);
+    let tmp = TempDir::new("pair-sums-pooled");
+    let path = tmp.path().join("q.onnx");
+    qforge_onnx::save(&q, &path).unwrap();
+    let ours = qforge_runtime::Session::new(&q).unwrap().run(beyond.clone()).unwrap();
+    let theirs = ort_run_with(&path, &beyond, 1, true);
+    let (diff, same) = compare(&theirs[0].1, &ours[0].1, 1e-6, 1e-6);
+    assert!(same, "ONNX Runtime is {diff} off qforge on the pooled Conv");
 }
