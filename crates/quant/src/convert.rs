@@ -302,7 +302,8 @@ pub struct ConvertLog {
     /// fewest levels a channel spans).
     pub narrow_weight_channels: Vec<(String, String, String, usize, usize, u64)>,
     /// Weights fitted to the target's `pair_sum_max` ([`crate::pair_sums`]): (node, op, weight,
-    /// parameters whose scale rose, parameters, pairs projected onto the constraint).
+    /// parameters whose scale rose, parameters, pairs projected onto the constraint, whether
+    /// every input channel was taken at full reach).
     pub pair_sums_fitted: Vec<PairSumsRecord>,
     /// The smallest default-domain opset the inserted nodes need.
     pub min_opset: i64,
@@ -687,7 +688,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             em.log.gptq_rounded.extend(log.gptq_rounded.iter().cloned());
             em.log.gptq_skipped.extend(log.gptq_skipped.iter().cloned());
         }
-        let record = log.pair_sums_fitted.first().map(|r| (node.display_name(j.node), r.1.clone(), r.2.clone(), r.3, r.4, r.5));
+        let record = log.pair_sums_fitted.first().map(|r| (node.display_name(j.node), r.1.clone(), r.2.clone(), r.3, r.4, r.5, r.6));
         em.log.pair_sums_fitted.extend(record);
         if j.input == 1 {
             let t = const_data(g, j.value).expect("constant data checked above");
@@ -849,7 +850,7 @@ struct SharedWeight {
 }
 
 /// An entry of [`ConvertLog::pair_sums_fitted`].
-type PairSumsRecord = (String, String, String, usize, usize, usize);
+type PairSumsRecord = (String, String, String, usize, usize, usize, bool);
 
 /// The integers of `c`, the quantized weight `data` of node `n` (input 1), as the target takes
 /// them: with the spec's `pair_sum_max` ([`crate::pair_sums`]), scales first moved (with
@@ -894,7 +895,7 @@ fn finish_weight(g: &Graph, gi: usize, n: NodeId, stats: &InputStats, reach: Opt
     }
     if rescaled > 0 || projected > 0 {
         let weight = node.input(1).map(|v| g.value_name(v).to_string()).unwrap_or_default();
-        log.pair_sums_fitted.push((name, node.op_type.clone(), weight, rescaled, c.params.len(), projected));
+        log.pair_sums_fitted.push((name, node.op_type.clone(), weight, rescaled, c.params.len(), projected, reach.is_none()));
     }
     Ok(())
 }

@@ -475,10 +475,10 @@ impl InputMaxima {
         self.paths.iter().position(|p| p.is_empty())
     }
 
-    /// The observed readers of the main graph whose maxima set a reach ([`measured`]), in `q` (the main graph converted from the
-    /// plan's, node ids kept): each with the u8 activation it reads through a per-tensor
-    /// DequantizeLinear of constant qparams (a u8 zero point). Readers whose input is not so
-    /// quantized are left out.
+    /// The observed readers of the main graph whose maxima set a reach ([`measured`]), in `q`
+    /// (the main graph converted from the plan's, node ids kept): each with the u8 activation
+    /// it reads through a per-tensor DequantizeLinear of constant qparams (a u8 zero point).
+    /// Readers whose input is not so quantized are left out.
     pub fn quantized_inputs(&self, q: &Graph) -> Vec<QuantizedInput> {
         let Some(main) = self.main() else { return vec![] };
         let constant = |v: Option<ValueId>| v.and_then(|v| q.value(v).ok()?.initializer()?.to_f64_vec().ok()).filter(|x| x.len() == 1).map(|x| x[0]);

@@ -296,6 +296,10 @@ pub struct PairSumRecord {
     pub channels: usize,
     /// Pairs whose integers were pulled in onto the constraint.
     pub projected_pairs: usize,
+    /// Fitted for every input channel at 255: calibration did not measure the activation's
+    /// channels (seen fewer than [`crate::pair_sums::REACH_MIN_VALUES`] times each, as a
+    /// pooled feature is, or not observed).
+    pub full_reach: bool,
 }
 
 /// The scales the weight range search chose for one weight.
@@ -438,7 +442,7 @@ impl Report {
             channels: *channels,
             fewest_levels: *fewest,
         }));
-        self.pair_sums.extend(log.pair_sums_fitted.iter().map(|(node, op, weight, rescaled, channels, projected)| PairSumRecord {
+        self.pair_sums.extend(log.pair_sums_fitted.iter().map(|(node, op, weight, rescaled, channels, projected, full_reach)| PairSumRecord {
             graph: graph.to_string(),
             node: node.clone(),
             op: op.clone(),
@@ -446,6 +450,7 @@ impl Report {
             rescaled: *rescaled,
             channels: *channels,
             projected_pairs: *projected,
+            full_reach: *full_reach,
         }));
         self.narrow_inputs.extend(log.narrow_inputs.iter().map(|(node, op, value, levels, observed, output_range)| NarrowInputRecord {
             graph: graph.to_string(),
@@ -505,6 +510,10 @@ impl Report {
         let rescaled: usize = self.pair_sums.iter().map(|r| r.rescaled).sum();
         let channels: usize = self.pair_sums.iter().map(|r| r.channels).sum();
         let projected: usize = self.pair_sums.iter().map(|r| r.projected_pairs).sum();
+        let full = match self.pair_sums.iter().filter(|r| r.full_reach).count() {
+            0 => String::new(),
+            k => format!(" ({k} of them at full reach, for inputs calibration did not measure: seen fewer than {} times per channel, as pooled features are, or not observed)", crate::pair_sums::REACH_MIN_VALUES),
+        };
         let samples = self.output_check.as_ref().map_or(0, |c| c.samples);
         let mut raised = match self.pair_sum_reach_raised {
             0 => String::new(),
@@ -514,7 +523,7 @@ impl Report {
             raised += &format!(" ({} still beyond it after {} refits: ONNX Runtime can saturate there)", self.pair_sum_reach_exceeded, crate::pipeline::MAX_REACH_REFITS);
         }
         Some(format!("{} weight(s) fitted so that no two weights the target adds into one 16-bit sum can overflow it with activations within their channels' calibrated reach (ONNX Runtime's u8 x s8 kernels on x86 without VNNI): \
-            {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them){raised}", self.pair_sums.len()))
+            {rescaled} of their {channels} channel scales raised, {projected} weight pair(s) pulled in (the report's pair_sums lists them){full}{raised}", self.pair_sums.len()))
     }
 
     /// The activations whose range starts above their observed minimum, when there are any.

@@ -65,6 +65,30 @@ fn x86_backend(seven_bits: bool) -> BackendConfig {
     b
 }
 
+/// A quantized model saved where ONNX Runtime loads it, with qforge's session of it.
+struct BothRuntimes {
+    _dir: TempDir,
+    path: std::path::PathBuf,
+    ours: qforge_runtime::Session,
+}
+
+impl BothRuntimes {
+    fn new(q: &Model, name: &str) -> BothRuntimes {
+        let dir = TempDir::new(&format!("pair-sums-{name}"));
+        let path = dir.path().join("q.onnx");
+        qforge_onnx::save(q, &path).unwrap();
+        BothRuntimes { _dir: dir, path, ours: qforge_runtime::Session::new(q).unwrap() }
+    }
+
+    /// The first output in ONNX Runtime (fusions on, one thread) and in qforge, compared with
+    /// tolerance `tol` (relative and absolute): the largest difference, and whether it is within.
+    fn compare_first(&self, input: &[(String, Tensor)], tol: f64) -> (f64, bool) {
+        let ours = self.ours.run(input.to_vec()).unwrap();
+        let theirs = ort_run_with(&self.path, input, 1, true);
+        compare(&theirs[0].1, &ours[0].1, tol, tol)
+    }
+}
+
 /// Quantizes `m` for `backend` (calibrated on inputs in `[0, 1]`, one sample all ones), runs it
 /// on all-ones and on random input in ONNX Runtime (fusions on) and in qforge; returns the
 /// largest difference of their outputs, in output quantization steps. `fitted` is how many
@@ -77,18 +101,9 @@ fn ort_minus_qforge(name: &str, m: &Model, x_shape: &[usize], backend: BackendCo
     let (q, report) = quantize(m, &ConfigQuantizer { backend, mapping }, &calibration, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     assert!(report.nodes.iter().all(|r| r.quantized), "{name}: {:?}", report.nodes);
     assert_eq!(report.pair_sums.len(), fitted, "{name}: {:?}", report.pair_sums);
-    let tmp = TempDir::new(&format!("pair-sums-{name}"));
-    let path = tmp.path().join("q.onnx");
-    qforge_onnx::save(&q, &path).unwrap();
+    let both = BothRuntimes::new(&q, name);
     let step = report.activations.iter().find(|a| a.value == "y").map(|a| a.scale as f64).unwrap_or_else(|| panic!("{name}: y is quantized"));
-    let mut worst = 0f64;
-    for input in [feed(vec![1.0; n]), feed(noise(3, n, 0.0, 1.0))] {
-        let ours = qforge_runtime::Session::new(&q).unwrap().run(input.clone()).unwrap();
-        let theirs = ort_run_with(&path, &input, 1, true);
-        let (diff, _) = compare(&theirs[0].1, &ours[0].1, 0.0, 0.0);
-        worst = worst.max(diff / step);
-    }
-    worst
+    [feed(vec![1.0; n]), feed(noise(3, n, 0.0, 1.0))].iter().map(|input| both.compare_first(input, 0.0).0 / step).fold(0f64, f64::max)
 }
 
 #[test]
@@ -166,13 +181,9 @@ fn weights_read_against_dim_channels_keep_their_range_and_stay_exact() {
     let (all, _) = raised(&bright);
     let (few, q) = raised(&dimmed);
     assert_eq!((all, few), (8, 4), "channel scales raised with bright inputs, with a dim group");
-    let tmp = TempDir::new("pair-sums-dim");
-    let path = tmp.path().join("q.onnx");
-    qforge_onnx::save(&q, &path).unwrap();
+    let both = BothRuntimes::new(&q, "dim");
     for input in dimmed {
-        let ours = qforge_runtime::Session::new(&q).unwrap().run(input.clone()).unwrap();
-        let theirs = ort_run_with(&path, &input, 1, true);
-        let (diff, same) = compare(&theirs[0].1, &ours[0].1, 1e-6, 1e-6);
+        let (diff, same) = both.compare_first(&input, 1e-6);
         assert!(same, "ONNX Runtime is {diff} off qforge on a calibration sample");
     }
 }
@@ -207,26 +218,10 @@ fn a_weight_shared_by_two_nodes_is_fitted_and_stored_once() {
     assert!(fitted[0].2 > 0, "the weight's pairs needed fitting: {fitted:?}");
     let stored: Vec<&str> = q.graph.values().filter(|(_, v)| v.initializer().is_some_and(|t| t.shape() == [16, 8])).map(|(_, v)| v.name.as_str()).collect();
     assert_eq!(stored.len(), 1, "the weight is stored once: {stored:?}");
-    let tmp = TempDir::new("pair-sums-shared");
-    let path = tmp.path().join("q.onnx");
-    qforge_onnx::save(&q, &path).unwrap();
-    let input = feed(noise(3, n, 0.0, 1.0));
-    let ours = qforge_runtime::Session::new(&q).unwrap().run(input.clone()).unwrap();
-    let theirs = ort_run_with(&path, &input, 1, true);
-    let (diff, ok) = compare(&theirs[0].1, &ours[0].1, 1e-5, 1e-5);
+    let (diff, ok) = BothRuntimes::new(&q, "shared").compare_first(&feed(noise(3, n, 0.0, 1.0)), 1e-5);
     assert!(ok, "ONNX Runtime and qforge differ by {diff}");
 }
 
-/// A 1x1 Conv and a Relu, then a 3x3 Conv, `x -> h -> y`, where the quantized model's `h`
-/// reaches further in one channel than the float model's: `x`'s two channels span `[0, 100]`
-/// and `[0, 0.2]` and share one u8 scale (100/255), so `0.2` becomes `0.39`; `h = relu(0.1·x0,
-/// 10·x1)` then reaches 3.9 in its second channel instead of 2.0, 100 of its u8 steps (scale
-/// 10/255) where calibration saw 51. `y`'s taps pair `h`'s two channels with integers 94 and
-/// 127, within ONNX Runtime's 16-bit pair sum for the float reach (67 with its headroom:
-/// `255·94 + 67·127 <= 32640`) but not for the quantized one (`255·94 + 100·127 > 32767`). The
-/// output check measures what the quantized `h` reaches and convert fits again, so ONNX
-/// Runtime computes qforge's outputs on every CPU; without a check it does only on a CPU with
-/// VNNI.
 /// `x -> Conv a (Wa) -> Relu -> h -> Conv b (Wb, 3x3) -> y`, with `x` of shape `[1, 2, 24, 24]`,
 /// and two calibration samples: the brightest input (channel 0 at 100, channel 1 at 0.2) and
 /// noise below it. `Wa` maps channel 0 to `h`'s dim channel 0 and channel 1 to its bright
@@ -250,10 +245,19 @@ fn reach_model() -> (Model, Vec<Vec<(String, Tensor)>>) {
     (m, vec![feed(vec![100.0; n], vec![0.2; n]), feed(noise(1, n, 0.0, 100.0), noise(2, n, 0.0, 0.2))])
 }
 
+/// A 1x1 Conv and a Relu, then a 3x3 Conv, `x -> h -> y`, where the quantized model's `h`
+/// reaches further in one channel than the float model's: `x`'s two channels span `[0, 100]`
+/// and `[0, 0.2]` and share one u8 scale (100/255), so `0.2` becomes `0.39`; `h = relu(0.1·x0,
+/// 10·x1)` then reaches 3.9 in its second channel instead of 2.0, 100 of its u8 steps (scale
+/// 10/255) where calibration saw 51. `y`'s taps pair `h`'s two channels with integers 94 and
+/// 127, within ONNX Runtime's 16-bit pair sum for the float reach (67 with its headroom:
+/// `255·94 + 67·127 <= 32640`) but not for the quantized one (`255·94 + 100·127 > 32767`). The
+/// output check measures what the quantized `h` reaches and convert fits again, so ONNX
+/// Runtime computes qforge's outputs on every CPU; without a check it does only on a CPU with
+/// VNNI.
 #[test]
 fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one() {
     let (m, calibration) = reach_model();
-    let brightest = calibration[0].clone();
     let exact = ort_u8s8_exact();
     for check_samples in [2, 0] {
         let backend = ort_backend(true);
@@ -261,12 +265,7 @@ fn weights_are_fitted_to_what_the_quantized_model_reaches_not_only_the_float_one
         let opts = QuantizeOptions { check_samples, ..Default::default() };
         let (q, report) = quantize(&m, &ConfigQuantizer { backend, mapping }, &calibration, &opts, &mut |_, _| {}).unwrap();
         assert_eq!(report.pair_sum_reach_raised > 0, check_samples > 0, "channels raised with {check_samples} check samples: {}", report.pair_sum_reach_raised);
-        let tmp = TempDir::new("pair-sums-quantized-reach");
-        let path = tmp.path().join("q.onnx");
-        qforge_onnx::save(&q, &path).unwrap();
-        let ours = qforge_runtime::Session::new(&q).unwrap().run(brightest.clone()).unwrap();
-        let theirs = ort_run_with(&path, &brightest, 1, true);
-        let (diff, same) = compare(&theirs[0].1, &ours[0].1, 1e-6, 1e-6);
+        let (diff, same) = BothRuntimes::new(&q, "quantized-reach").compare_first(&calibration[0], 1e-6);
         if check_samples > 0 {
             assert!(same, "fitted to the quantized reach, ONNX Runtime is {diff} off qforge");
         } else {
@@ -348,12 +347,9 @@ fn weights_reading_pooled_features_assume_full_reach() {
     assert!(pair_sums("W").iter().all(|&s| s <= 128), "W reads a pooled feature: {:?}", pair_sums("W"));
     assert!(pair_sums("V").iter().any(|&s| s > 128), "V is fitted to its channels' measured reach: {:?}", pair_sums("V"));
     assert_eq!(report.pair_sum_reach_exceeded, 0);
-    let beyond = feed(vec![1.0; n], vec![1.0; n]);
-    let tmp = TempDir::new("pair-sums-pooled");
-    let path = tmp.path().join("q.onnx");
-    qforge_onnx::save(&q, &path).unwrap();
-    let ours = qforge_runtime::Session::new(&q).unwrap().run(beyond.clone()).unwrap();
-    let theirs = ort_run_with(&path, &beyond, 1, true);
-    let (diff, same) = compare(&theirs[0].1, &ours[0].1, 1e-6, 1e-6);
+    let full_reach = |node: &str| report.pair_sums.iter().find(|r| r.node == node).map(|r| r.full_reach);
+    assert_eq!(full_reach("pooled"), Some(true), "the report says which weights took full reach: {:?}", report.pair_sums);
+    assert_ne!(full_reach("spatial"), Some(true), "{:?}", report.pair_sums);
+    let (diff, same) = BothRuntimes::new(&q, "pooled").compare_first(&feed(vec![1.0; n], vec![1.0; n]), 1e-6);
     assert!(same, "ONNX Runtime is {diff} off qforge on the pooled Conv");
 }
