@@ -546,7 +546,7 @@ pub struct ConvertOptions {
 /// `stats` ([`crate::weight_rounding`]), the weights of the nodes they watched are rounded by
 /// GPTQ on those scales. With input means (bias correction, [`crate::bias_correction`]), the
 /// float bias of every Conv and Gemm they watched is then shifted by `E[(W − Ŵ)·x]` before it
-/// is quantized.
+/// is quantized. Fitted weights are taken from, and added to, `fits` ([`WeightFits`]).
 pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Result<QParams, String>], stats: &InputStats, options: ConvertOptions, fits: &WeightFits) -> Result<ConvertLog, String> {
     let ConvertOptions { contrib, weight_search, typed_outputs } = options;
     let means = stats.means.as_ref();
@@ -607,7 +607,8 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     }).collect();
     // The u8 value each input channel of a pair-fitted weight's readers reaches: the largest
     // over the readers, so one fit serves a weight that several nodes read; `None` (every
-    // channel at full reach) when a reader was not observed or its input has no u8 qparams.
+    // channel at full reach) when a reader has no measured reach (not observed, or seen fewer
+    // than `REACH_MIN_VALUES` times per channel) or its input has no u8 qparams.
     // The reach comes from the input's calibrated qparams even where the reader's input edge
     // is left float (a unit returned to float by sensitivity or the accuracy budget), so
     // returning a unit to float never changes the integers of a weight.
@@ -664,8 +665,7 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
                 return Ok(None);
             }
             let reach = if j.input == 1 { weight_reach(j.value) } else { None };
-            let key = (gi, j.node, j.input, reach);
-            if let Some(done) = fits.get(&key) {
+            if let Some(done) = fits.get((gi, j.node, j.input), &reach) {
                 return Ok(Some(done));
             }
             let mut log = ConvertLog::default();
@@ -673,9 +673,9 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             let (data, shape) = (floats(&t), t.shape());
             let mut c = quantize_const(data, shape, j.spec, None, weight_search).map_err(|e| format!("constant '{}': {e}", g.value_name(j.value)))?;
             if j.input == 1 {
-                finish_weight(g, gi, j.node, stats, key.3.as_deref(), data, &mut c, j.spec, true, &mut log)?;
+                finish_weight(g, gi, j.node, stats, reach.as_deref(), data, &mut c, j.spec, true, &mut log)?;
             }
-            fits.insert(key, (c.clone(), log.clone()));
+            fits.insert((gi, j.node, j.input), reach, (c.clone(), log.clone()));
             Ok(Some((c, log)))
         }).collect()
     };
@@ -748,7 +748,9 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
             };
             *w = quantize_const(data, shape, &spec, Some(&scales), false)?;
             if wi == 1 {
-                em.log.gptq_rounded.retain(|r| r.0 != g.node(wn).map(|x| x.display_name(wn)).unwrap_or_default());
+                let name = g.node(wn).map(|x| x.display_name(wn)).unwrap_or_default();
+                em.log.gptq_rounded.retain(|r| r.0 != name);
+                em.log.gptq_skipped.retain(|r| r.0 != name);
                 finish_weight(g, gi, wn, stats, weight_reach(wv).as_deref(), data, w, &spec, false, &mut em.log)?;
             }
             em.log.bias_adjusted.push((g.value_name(wv), changed));
@@ -807,23 +809,34 @@ pub fn convert_graph(g: &mut Graph, plan: &QuantPlan, gi: usize, params: &[Resul
     Ok(log)
 }
 
-/// Quantized constants [`convert_graph`] computed, by graph index, node, input and the reach
-/// a weight was fitted to ([`crate::pair_sums`]; `None` for full reach and for other inputs).
-/// Converting a plan again after only some channels' reach rose refits only the weights those
-/// channels feed. One instance serves one plan with one set of qparams and options, and stats
-/// that differ at most in their maxima.
+/// The quantized constants [`convert_graph`] computed, by graph index, node and input, each
+/// with the reach it was fitted to ([`crate::pair_sums`]; `None` for full reach and for other
+/// inputs): converting a plan again after only some channels' reach rose refits only the
+/// weights those channels feed. One instance serves one plan with one set of qparams and
+/// options, and stats that differ at most in their maxima.
 #[derive(Default)]
-pub struct WeightFits(std::sync::Mutex<std::collections::HashMap<WeightFitKey, (QuantizedConst, ConvertLog)>>);
+pub struct WeightFits {
+    fits: std::sync::Mutex<std::collections::HashMap<(usize, NodeId, usize), WeightFit>>,
+    computed: std::sync::atomic::AtomicUsize,
+}
 
-type WeightFitKey = (usize, NodeId, usize, Option<Vec<i64>>);
+/// A fitted constant, the reach it was fitted to, and what fitting it logged.
+type WeightFit = (Option<Vec<i64>>, QuantizedConst, ConvertLog);
 
 impl WeightFits {
-    fn get(&self, key: &WeightFitKey) -> Option<(QuantizedConst, ConvertLog)> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+    /// How many constants were fitted (not taken from an earlier fit).
+    pub fn computed(&self) -> usize {
+        self.computed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn insert(&self, key: WeightFitKey, fit: (QuantizedConst, ConvertLog)) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key, fit);
+    fn get(&self, key: (usize, NodeId, usize), reach: &Option<Vec<i64>>) -> Option<(QuantizedConst, ConvertLog)> {
+        let fits = self.fits.lock().unwrap_or_else(|e| e.into_inner());
+        fits.get(&key).filter(|f| &f.0 == reach).map(|f| (f.1.clone(), f.2.clone()))
+    }
+
+    fn insert(&self, key: (usize, NodeId, usize), reach: Option<Vec<i64>>, fit: (QuantizedConst, ConvertLog)) {
+        self.computed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.fits.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (reach, fit.0, fit.1));
     }
 }
 

@@ -566,9 +566,9 @@ pub const MAX_REACH_REFITS: usize = 3;
 /// samples, also records those activations' channel maxima; where a channel went beyond its
 /// reach ([`InputMaxima::beyond_reach`]), its maximum is raised to what the quantized model
 /// gave, and the model is converted and checked again, at most [`MAX_REACH_REFITS`] times,
-/// refitting only the weights whose reach rose ([`WeightFits`]) (`report.pair_sum_reach_raised` counts the channels raised, `pair_sum_reach_exceeded`
-/// those still beyond after the last refit). Readers inside If/Loop bodies keep the float
-/// model's reach.
+/// refitting only the weights whose reach rose ([`WeightFits`]). `report.pair_sum_reach_raised`
+/// counts the channels raised, `pair_sum_reach_exceeded` those still beyond after the last
+/// refit. Readers inside If/Loop bodies keep the float model's reach.
 pub fn convert_logged(c: Calibrated) -> Result<(Model, Report, Vec<ConvertLog>), QuantizeError> {
     let Calibrated { model, plan, mut stats, report, graph_names, started, max_opset, convert, check, threads } = c;
     // Range searches (entropy, MSE, ...) are independent per group.

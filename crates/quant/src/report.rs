@@ -296,9 +296,9 @@ pub struct PairSumRecord {
     pub channels: usize,
     /// Pairs whose integers were pulled in onto the constraint.
     pub projected_pairs: usize,
-    /// Fitted for every input channel at 255: calibration did not measure the activation's
-    /// channels (seen fewer than [`crate::pair_sums::REACH_MIN_VALUES`] times each, as a
-    /// pooled feature is, or not observed).
+    /// Fitted for every input channel at 255: the activation has no measured reach (its
+    /// channels seen fewer than [`crate::pair_sums::REACH_MIN_VALUES`] times each, as a pooled
+    /// feature's are, not observed, or not read as u8).
     pub full_reach: bool,
 }
 
@@ -512,7 +512,7 @@ impl Report {
         let projected: usize = self.pair_sums.iter().map(|r| r.projected_pairs).sum();
         let full = match self.pair_sums.iter().filter(|r| r.full_reach).count() {
             0 => String::new(),
-            k => format!(" ({k} of them at full reach, for inputs calibration did not measure: seen fewer than {} times per channel, as pooled features are, or not observed)", crate::pair_sums::REACH_MIN_VALUES),
+            k => format!(" ({k} of them at full reach, for inputs with no measured reach: seen fewer than {} times per channel, as pooled features are, or not observed)", crate::pair_sums::REACH_MIN_VALUES),
         };
         let samples = self.output_check.as_ref().map_or(0, |c| c.samples);
         let mut raised = match self.pair_sum_reach_raised {
