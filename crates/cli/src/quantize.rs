@@ -339,10 +339,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     // (`qforge_quant::pair_sums`); for the others, the u8 x s8 weights whose pairs can saturate
     // for activations within their calibrated ranges (the largest integer each reaches).
     let fitted = BackendConfig::load(&args.quantizer.backend).is_ok_and(|b| b.pair_sum_max(qforge_quant::QType::S8).is_some());
-    let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
-        .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
-        .collect();
-    let saturating = (!fitted).then(|| crate::inspect::pair_sums(&crate::inspect::folded(&quantized), &|a| a.quantized_from.as_deref().and_then(|v| reach.get(v)).map(|&r| vec![r])));
+    let saturating = (!fitted).then(|| {
+        let reach: HashMap<&str, i64> = report.activations.iter().filter(|a| a.dtype == "u8" && a.scale > 0.0)
+            .filter_map(|a| Some((a.value.as_str(), ((a.observed?.1 / a.scale).round() as i64 + a.zero_point).clamp(0, 255))))
+            .collect();
+        crate::inspect::pair_sums(&crate::inspect::folded(&quantized), &|a| a.quantized_from.as_deref().and_then(|v| reach.get(v)).map(|&r| vec![r]))
+    });
     if args.json {
         let q = report.nodes.iter().filter(|n| n.quantized).count();
         println!("{}", serde_json::json!({
@@ -356,6 +358,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "narrow_weight_channels": report.narrow_weight_channels,
             "pair_sums": report.pair_sums,
             "pair_sum_reach_raised": report.pair_sum_reach_raised,
+            "pair_sum_reach_exceeded": report.pair_sum_reach_exceeded,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
                 "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,
