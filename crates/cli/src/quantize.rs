@@ -319,7 +319,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             quantize_within_budget(&model, quantizer.as_ref(), &samples, &evaluation, &opts, &budget, &mut |p| match p {
                 BudgetProgress::Calibrated { samples, evaluation } if !quiet => eprintln!("calibrated on {samples} samples; measuring every group on the first {evaluation} of them for the accuracy budget"),
                 BudgetProgress::Analysis { sample, samples, unit, units } => analysis(sample, samples, unit, units),
-                BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: decision {step}, error {error:.4e}"),
+                BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: measurement {step}, error {error:.4e}"),
                 _ => {}
             }).with_context(|| format!("cannot quantize {}", args.model.display()))?
         }
@@ -361,7 +361,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "pair_sum_reach_exceeded": report.pair_sum_reach_exceeded,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
-                "met": b.met, "units": b.units, "units_float": b.units_float, "decisions": b.decisions,
+                "met": b.met, "units": b.units, "units_float": b.units_float, "prefix_search": b.prefix_search, "decisions": b.decisions,
             })),
             "calibration_seconds": report.calibration_seconds, "total_seconds": report.total_seconds,
             "lowering": report.lowering,
@@ -401,15 +401,23 @@ fn budget(args: &QuantizeArgs) -> Result<Option<Budget<'static>>> {
     })
 }
 
-/// The accuracy budget's decisions, for people.
+/// The accuracy budget's search, for people: the prefix measurements and the units left float
+/// (the report's `accuracy_budget` has every trial of the walk back).
 fn budget_summary(b: &BudgetOutcome) -> String {
     let db = |e: f64| -20.0 * e.log10();
-    let mut s = format!("accuracy budget: {} <= {:.4e} ({:.2} dB): {:.4e} with every group quantized ({:.2} dB), {:.4e} ({:.2} dB) after {} decision(s); {} of {} groups float{}\n",
+    let mut s = format!("accuracy budget: {} <= {:.4e} ({:.2} dB): {:.4e} with every group quantized ({:.2} dB), {:.4e} ({:.2} dB) after {} measurement(s); {} of {} groups float{}\n",
         b.metric, b.max_error, db(b.max_error), b.error_all_quantized, db(b.error_all_quantized), b.error_final, db(b.error_final),
-        b.decisions.len(), b.units_float, b.units, if b.met { "" } else { "; NOT MET: every ranked group was tried" });
-    for d in &b.decisions {
-        s += &format!("  {} {} #{} [{}] ({}): {:.4e} -> {:.4e}\n", if d.kept_float { "float    " } else { "quantized" }, d.unit.kind, d.unit.id,
-            d.unit.values.join(", "), d.unit.ops.join(", "), d.error_before, d.error_with_unit_float);
+        b.prefix_search.len() + b.decisions.len(), b.units_float, b.units, if b.met { "" } else { "; NOT MET even with every ranked group float" });
+    let prefix: Vec<String> = b.prefix_search.iter().map(|t| format!("{} float: {:.4e}", t.units_float, t.error)).collect();
+    if !prefix.is_empty() {
+        s += &format!("  most sensitive groups returned to float, searched: {}\n", prefix.join("; "));
+    }
+    let requantized = b.decisions.iter().filter(|d| !d.kept_float).count();
+    if !b.decisions.is_empty() {
+        s += &format!("  walked back over {} group(s): {requantized} quantized again, these stay float:\n", b.decisions.len());
+    }
+    for d in b.decisions.iter().filter(|d| d.kept_float) {
+        s += &format!("  float {} #{} [{}] ({}): {:.4e}, quantized {:.4e}\n", d.unit.kind, d.unit.id, d.unit.values.join(", "), d.unit.ops.join(", "), d.error_float, d.error_quantized);
     }
     s
 }

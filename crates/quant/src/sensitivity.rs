@@ -19,11 +19,11 @@
 //! Every graph output is compared with the float run's over all samples, with the figures of
 //! [`crate::compare`] (SQNR, cosine, MSE, max error).
 //!
-//! The accuracy budget ([`quantize_within_budget`]) ranks the units this way, then returns them
-//! to float greedily, most sensitive first, re-measuring after each change and keeping a change
-//! only when it lowers the error, until the budget is met; units a pass left quantized are tried
-//! again in up to [`BUDGET_PASSES`] passes while the budget is missed. Returning a unit to float removes its
-//! edges from the annotations, so convert inserts no Q/DQ for it.
+//! The accuracy budget ([`quantize_within_budget`]) ranks the units this way, then searches
+//! the shortest prefix of the ranking whose return to float meets the budget (bisection), and
+//! walks that prefix back, least sensitive first, quantizing again every unit the budget can
+//! do without ([`return_to_float`]). Returning a unit to float removes its edges from the
+//! annotations, so convert inserts no Q/DQ for it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -568,15 +568,24 @@ impl Budget<'static> {
     }
 }
 
-/// One step of the accuracy budget.
+/// One unit of the prefix the accuracy budget returned to float, tried quantized again.
 #[derive(Debug, Clone, Serialize)]
 pub struct BudgetDecision {
     pub unit: UnitRecord,
-    /// The error before and with this unit in float (the others as decided so far).
-    pub error_before: f64,
-    pub error_with_unit_float: f64,
-    /// Whether the unit stays float (it lowered the error); otherwise it stays quantized.
+    /// The error with this unit float and with it quantized, the other units as decided
+    /// before this trial.
+    pub error_float: f64,
+    pub error_quantized: f64,
+    /// Whether the unit stays float (quantized, it breaks the budget).
     pub kept_float: bool,
+}
+
+/// One measurement of the accuracy budget's prefix search: the `units_float` most sensitive
+/// units float, the rest quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PrefixTrial {
+    pub units_float: usize,
+    pub error: f64,
 }
 
 /// What the accuracy budget did.
@@ -591,6 +600,9 @@ pub struct BudgetOutcome {
     /// Units measured, and units returned to float.
     pub units: usize,
     pub units_float: usize,
+    /// The prefix search, in the order measured.
+    pub prefix_search: Vec<PrefixTrial>,
+    /// The walk back over the prefix found, least sensitive unit first.
     pub decisions: Vec<BudgetDecision>,
     /// The sensitivity ranking the decisions followed.
     pub ranking: Vec<UnitSensitivity>,
@@ -603,7 +615,7 @@ pub enum BudgetProgress {
     Calibrated { samples: usize, evaluation: usize },
     /// As [`Progress`].
     Analysis { sample: usize, samples: usize, unit: usize, units: usize },
-    /// After decision `step` (1-based), with the error reached.
+    /// After measurement `step` (1-based) of the search, with the error it gave.
     Decision { step: usize, error: f64 },
 }
 
@@ -616,13 +628,14 @@ pub const EVALUATION_SAMPLES: usize = 8;
 pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 
 /// Quantizes `model` so that the outputs stay within `budget`: calibrates once on `samples`,
-/// ranks the units on `evaluation` ([`analyze`]), then returns units to float most sensitive
-/// first, re-measuring the error on every evaluation sample after each change and keeping the
-/// change only when it lowers the error, until the budget is met (or the ranking is
-/// exhausted: the report then says it was not met). Each unit returned to float loses its
-/// annotated edges, so convert emits no Q/DQ for it; the nodes it touched are reported float
-/// with [`FloatKind::AccuracyBudget`].
-/// The report's `accuracy_budget` lists every decision.
+/// ranks the units on `evaluation` ([`analyze`]), then returns to float the fewest of the most
+/// sensitive units that meet the budget and quantizes again those of them it can do without
+/// ([`return_to_float`]), measuring every candidate set on every evaluation sample. Each unit
+/// returned to float loses its annotated edges, so convert emits no Q/DQ for it; the nodes it
+/// touched are reported float with [`FloatKind::AccuracyBudget`]. The report's
+/// `accuracy_budget` lists every measurement. When even the float model misses the budget (a
+/// metric other than the distance to it), the set of least error measured is kept and the
+/// report says the budget was not met.
 pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, evaluation: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
     let started = Instant::now();
     let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
@@ -631,7 +644,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {
             metric: budget.metric.clone(), max_error: budget.max_error, error_all_quantized: 0.0, error_final: 0.0, met: true,
-            units: 0, units_float: 0, decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
+            units: 0, units_float: 0, prefix_search: vec![], decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
         };
         let (m, mut report) = convert(c)?;
         report.accuracy_budget = Some(outcome);
@@ -654,12 +667,13 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     let error_all_quantized = measure(&vec![false; units.len()])?;
     let order: Vec<usize> = analysis.ranking.iter().map(|e| e.unit.id).collect();
     let mut steps = 0;
-    let (off, error, trials) = return_to_float(&order, units.len(), error_all_quantized, budget.max_error, &mut |off| measure(off), &mut |error| {
+    let search = return_to_float(&order, units.len(), error_all_quantized, budget.max_error, &mut |off| measure(off), &mut |error| {
         steps += 1;
         progress(BudgetProgress::Decision { step: steps, error });
     })?;
     let record = |u: usize| analysis.ranking.iter().find(|e| e.unit.id == u).expect("ranked unit").unit.clone();
-    let decisions: Vec<BudgetDecision> = trials.into_iter().map(|t| BudgetDecision { unit: record(t.unit), error_before: t.error_before, error_with_unit_float: t.error_with_unit_float, kept_float: t.kept_float }).collect();
+    let decisions: Vec<BudgetDecision> = search.walk_back.iter().map(|t| BudgetDecision { unit: record(t.unit), error_float: t.error_float, error_quantized: t.error_quantized, kept_float: t.kept_float }).collect();
+    let (off, error) = (search.off, search.error);
     let float_ids: Vec<usize> = off.iter().enumerate().filter(|(_, &o)| o).map(|(u, _)| u).collect();
     keep_units_float(&mut c, &float_ids);
     let outcome = BudgetOutcome {
@@ -670,6 +684,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         met: error <= budget.max_error,
         units: analysis.ranking.len(),
         units_float: off.iter().filter(|&&o| o).count(),
+        prefix_search: search.prefix,
         decisions,
         ranking: analysis.ranking,
         seconds: started.elapsed().as_secs_f64(),
@@ -679,58 +694,90 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     Ok((m, report))
 }
 
-/// One trial of [`return_to_float`]: unit `unit` switched to float, with the error before and
-/// with it, and whether it stayed float.
+/// One unit of the walk back in [`return_to_float`]: the error with unit `unit` float and with
+/// it quantized, and whether it stayed float.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct BudgetTrial {
+struct WalkBackTrial {
     unit: usize,
-    error_before: f64,
-    error_with_unit_float: f64,
+    error_float: f64,
+    error_quantized: f64,
     kept_float: bool,
 }
 
-/// The accuracy budget's greedy search over `units` units, starting from every unit quantized
-/// (error `error`): in `order`, switches each unit still quantized to float, keeps the switch
-/// when `measure` of the new set (`true`: float) is below the current error, and stops once the
-/// error is at most `max_error`; passes repeat over the units left quantized (at most
-/// [`BUDGET_PASSES`]) while the budget is missed and the last pass kept some unit float.
-/// `decided(error)` follows every trial. Returns the float set, the final error and the trials.
-fn return_to_float<E>(order: &[usize], units: usize, mut error: f64, max_error: f64, measure: &mut dyn FnMut(&[bool]) -> Result<f64, E>, decided: &mut dyn FnMut(f64)) -> Result<(Vec<bool>, f64, Vec<BudgetTrial>), E> {
-    let mut off = vec![false; units];
-    let mut trials = vec![];
-    for _ in 0..BUDGET_PASSES {
-        let mut kept_any = false;
-        for &u in order {
-            if error <= max_error {
-                break;
-            }
-            if off[u] {
-                continue;
-            }
-            off[u] = true;
-            let with_float = measure(&off)?;
-            let kept_float = with_float < error;
-            trials.push(BudgetTrial { unit: u, error_before: error, error_with_unit_float: with_float, kept_float });
-            if kept_float {
-                error = with_float;
-                kept_any = true;
-            } else {
-                off[u] = false;
-            }
-            decided(error);
-        }
-        if !kept_any || error <= max_error {
-            break;
-        }
-    }
-    Ok((off, error, trials))
+/// What [`return_to_float`] found: the float set (`true`: float), its error, and the
+/// measurements that led there.
+#[derive(Debug, Clone, PartialEq)]
+struct BudgetSearch {
+    off: Vec<bool>,
+    error: f64,
+    prefix: Vec<PrefixTrial>,
+    walk_back: Vec<WalkBackTrial>,
 }
 
-/// Most passes of the accuracy budget over the units still quantized. A unit whose return to
-/// float did not lower the error may lower it once others are float (an input Q/DQ whose
-/// noise its consumers' own quantization partly masked), so a pass that still misses the
-/// budget and kept some unit float is followed by another.
-const BUDGET_PASSES: usize = 3;
+/// The accuracy budget's search over `units` units ranked in `order` (most sensitive first),
+/// from every unit quantized (error `error`), with `measure` giving the error of a float set
+/// (`true`: float):
+/// 1. *prefix search*: the fewest leading units of `order` whose return to float brings the
+///    error to at most `max_error`, by bisection (the error of a longer prefix is taken to be
+///    no larger; the prefix found is measured, so it meets the budget whatever the shape);
+/// 2. *walk back*: each unit of that prefix, least sensitive first, is quantized again when
+///    the budget still holds without it, so every unit left float is needed.
+///
+/// Quantization errors that compound over many layers, none of which fixes the output alone,
+/// need a long prefix, which a unit-at-a-time search never reaches. When even the whole
+/// ranking float misses the budget, the prefix of least error is returned.
+/// `decided(error)` follows every measurement.
+fn return_to_float<E>(order: &[usize], units: usize, error: f64, max_error: f64, measure: &mut dyn FnMut(&[bool]) -> Result<f64, E>, decided: &mut dyn FnMut(f64)) -> Result<BudgetSearch, E> {
+    let prefix_set = |k: usize| {
+        let mut off = vec![false; units];
+        for &u in &order[..k] {
+            off[u] = true;
+        }
+        off
+    };
+    let mut search = BudgetSearch { off: vec![false; units], error, prefix: vec![], walk_back: vec![] };
+    if error <= max_error || order.is_empty() {
+        return Ok(search);
+    }
+    let mut measure_prefix = |k: usize, search: &mut BudgetSearch| -> Result<f64, E> {
+        let e = measure(&prefix_set(k))?;
+        search.prefix.push(PrefixTrial { units_float: k, error: e });
+        decided(e);
+        Ok(e)
+    };
+    // Invariant: the prefix of `lo` units misses the budget, that of `hi` units meets it.
+    let (mut lo, mut hi) = (0, order.len());
+    let mut hi_error = measure_prefix(hi, &mut search)?;
+    if hi_error > max_error {
+        let best = search.prefix.iter().copied().chain([PrefixTrial { units_float: 0, error }]).min_by(|a, b| a.error.total_cmp(&b.error)).expect("two candidates");
+        (search.off, search.error) = (prefix_set(best.units_float), best.error);
+        return Ok(search);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let e = measure_prefix(mid, &mut search)?;
+        if e <= max_error {
+            (hi, hi_error) = (mid, e);
+        } else {
+            lo = mid;
+        }
+    }
+    let (mut off, mut error) = (prefix_set(hi), hi_error);
+    for &u in order[..hi].iter().rev() {
+        off[u] = false;
+        let quantized = measure(&off)?;
+        let kept_float = quantized > max_error;
+        search.walk_back.push(WalkBackTrial { unit: u, error_float: error, error_quantized: quantized, kept_float });
+        if kept_float {
+            off[u] = true;
+        } else {
+            error = quantized;
+        }
+        decided(error);
+    }
+    (search.off, search.error) = (off, error);
+    Ok(search)
+}
 
 /// Returns the units `ids` (as [`UnitRecord::id`] numbers them) to float in `c`: their annotated
 /// edges are cleared, so convert emits no Q/DQ for them nor the biases derived from them, and
@@ -802,22 +849,67 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_unit_rejected_early_is_tried_again_once_others_are_float() {
-        let (off, error, trials) = return_to_float(&[0, 1, 2], 3, 0.5, 0.01, &mut masked, &mut |_| {}).unwrap();
-        assert_eq!((off, error), (vec![true, true, true], 0.0));
-        let kept: Vec<(usize, bool)> = trials.iter().map(|t| (t.unit, t.kept_float)).collect();
-        assert_eq!(kept, [(0, false), (1, true), (2, true), (0, true)]);
-        assert_eq!(trials[3].error_before, 0.20);
+    fn walked(s: &BudgetSearch) -> Vec<(usize, bool)> {
+        s.walk_back.iter().map(|t| (t.unit, t.kept_float)).collect()
     }
 
     #[test]
-    fn the_search_stops_at_the_budget_and_after_a_pass_that_keeps_nothing() {
-        let (off, error, trials) = return_to_float(&[1, 2, 0], 3, 0.5, 0.25, &mut masked, &mut |_| {}).unwrap();
-        assert_eq!((off, error, trials.len()), (vec![false, true, true], 0.20, 2));
-        // Nothing lowers the error: one pass, every unit tried once.
-        let mut flat = |_: &[bool]| -> Result<f64, ()> { Ok(1.0) };
-        let (off, error, trials) = return_to_float(&[0, 1, 2], 3, 0.5, 0.0, &mut flat, &mut |_| {}).unwrap();
-        assert_eq!((off, error, trials.len()), (vec![false; 3], 0.5, 3));
+    fn a_unit_whose_noise_others_mask_stays_float_when_the_budget_needs_it() {
+        // Unit 0 alone raises the error, yet the budget needs all three float.
+        let s = return_to_float(&[0, 1, 2], 3, 0.5, 0.01, &mut masked, &mut |_| {}).unwrap();
+        assert_eq!((s.off.clone(), s.error), (vec![true, true, true], 0.0));
+        // Prefixes of 3, 1 and 2 units: 0.0 meets it, 0.60 and 0.10 do not.
+        assert_eq!(s.prefix.iter().map(|t| (t.units_float, t.error)).collect::<Vec<_>>(), [(3, 0.0), (1, 0.60), (2, 0.10)]);
+        assert_eq!(walked(&s), [(2, true), (1, true), (0, true)]);
+        assert_eq!((s.walk_back[2].error_float, s.walk_back[2].error_quantized), (0.0, 0.20));
+    }
+
+    #[test]
+    fn the_walk_back_quantizes_again_what_the_budget_does_without() {
+        // Order [1, 2, 0], at most 0.25: the prefix of two units (1 and 2) gives 0.20; without
+        // unit 2 it is 0.30, without unit 1 0.45, so both stay float.
+        let s = return_to_float(&[1, 2, 0], 3, 0.5, 0.25, &mut masked, &mut |_| {}).unwrap();
+        assert_eq!((s.off.clone(), s.error), (vec![false, true, true], 0.20));
+        assert_eq!(walked(&s), [(2, true), (1, true)]);
+        // At most 0.35, order [0, 2, 1]: the prefixes of one and two units both give 0.60, so
+        // the search ends at all three float. Walking back, unit 1 stays float (0.60 without
+        // it), unit 2 is quantized again (0.10), then unit 0 (0.30).
+        let s = return_to_float(&[0, 2, 1], 3, 0.5, 0.35, &mut masked, &mut |_| {}).unwrap();
+        assert_eq!(s.prefix.iter().map(|t| t.units_float).collect::<Vec<_>>(), [3, 1, 2]);
+        assert_eq!(walked(&s), [(1, true), (2, false), (0, false)]);
+        assert_eq!((s.off.clone(), s.error), (vec![false, true, false], 0.30));
+    }
+
+    #[test]
+    fn errors_that_compound_over_many_units_are_met_by_a_long_prefix() {
+        // Every quantized unit adds its error and the error the budget allows is that of
+        // three: no single unit returned to float meets it; the search needs log2(n) + k
+        // measurements, not one pass per unit.
+        let n = 64;
+        let mut calls = 0;
+        let mut additive = |off: &[bool]| -> Result<f64, ()> {
+            calls += 1;
+            Ok(off.iter().filter(|&&o| !o).count() as f64)
+        };
+        let order: Vec<usize> = (0..n).collect();
+        let s = return_to_float(&order, n, n as f64, 3.0, &mut additive, &mut |_| {}).unwrap();
+        assert_eq!(s.error, 3.0);
+        assert_eq!(s.off.iter().filter(|&&o| o).count(), n - 3);
+        assert_eq!(s.prefix.last().map(|t| t.units_float), Some(n - 3));
+        // The walk back tries each of the 61 float units once and keeps all of them float.
+        assert_eq!(s.walk_back.len(), n - 3);
+        assert!(s.walk_back.iter().all(|t| t.kept_float));
+        assert!(calls <= 1 + 6 + (n - 3), "{calls} measurements");
+    }
+
+    #[test]
+    fn a_budget_the_float_model_misses_keeps_the_set_of_least_error() {
+        let mut flat = |off: &[bool]| -> Result<f64, ()> { Ok(if off.iter().all(|&o| o) { 0.7 } else { 1.0 }) };
+        let s = return_to_float(&[0, 1, 2], 3, 0.5, 0.1, &mut flat, &mut |_| {}).unwrap();
+        // All float gives 0.7, worse than all quantized (0.5): nothing is returned to float.
+        assert_eq!((s.off.clone(), s.error, s.prefix.len()), (vec![false; 3], 0.5, 1));
+        // Already within the budget: nothing is measured.
+        let s = return_to_float(&[0, 1, 2], 3, 0.5, 0.5, &mut masked, &mut |_| {}).unwrap();
+        assert!(s.prefix.is_empty() && s.walk_back.is_empty() && s.off == vec![false; 3]);
     }
 }

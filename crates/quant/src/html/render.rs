@@ -274,9 +274,9 @@ fn sensitivity_section(out: &mut String, budget: Option<&BudgetOutcome>) {
         return;
     };
     let to_db = |e: f64| -20.0 * e.log10();
-    let _ = write!(out, "<p>Accuracy budget: {} at most {:.4e} ({:.2} dB). Every group quantized: {:.4e} ({:.2} dB); after {} decision(s): {:.4e} ({:.2} dB), {} of {} groups float; {} ({:.1} s).</p>",
-        escape(&b.metric), b.max_error, to_db(b.max_error), b.error_all_quantized, to_db(b.error_all_quantized), b.decisions.len(), b.error_final, to_db(b.error_final),
-        b.units_float, b.units, if b.met { "met" } else { "NOT met: every ranked group was tried" }, b.seconds);
+    let _ = write!(out, "<p>Accuracy budget: {} at most {:.4e} ({:.2} dB). Every group quantized: {:.4e} ({:.2} dB); after {} measurement(s): {:.4e} ({:.2} dB), {} of {} groups float; {} ({:.1} s).</p>",
+        escape(&b.metric), b.max_error, to_db(b.max_error), b.error_all_quantized, to_db(b.error_all_quantized), b.prefix_search.len() + b.decisions.len(), b.error_final, to_db(b.error_final),
+        b.units_float, b.units, if b.met { "met" } else { "NOT met even with every ranked group float" }, b.seconds);
     const RANKS_CHARTED: usize = 40;
     let ranked: Vec<_> = b.ranking.iter().take(RANKS_CHARTED).collect();
     let finite = ranked.iter().map(|u| u.only_quantized_sqnr_db).filter(|v| v.is_finite());
@@ -288,13 +288,19 @@ fn sensitivity_section(out: &mut String, budget: Option<&BudgetOutcome>) {
         chart.rect(rank as f64 + 0.1, rank as f64 + 0.9, 0.0, u.only_quantized_sqnr_db, &mark);
     }
     out.push_str(&chart.finish());
+    if !b.prefix_search.is_empty() {
+        out.push_str("<p>The fewest most sensitive groups whose return to float meets the budget, searched by bisection:</p>");
+        table(out, "budget-prefix", &["step", "groups float", "error"], &[0, 1, 2], b.prefix_search.iter().enumerate().map(|(i, t)| vec![
+            (i + 1).to_string(), t.units_float.to_string(), format!("{:.4e}", t.error),
+        ]));
+    }
     const DECISIONS_SHOWN_OPEN: usize = 20;
     let kept = b.decisions.iter().filter(|d| d.kept_float).count();
     let open = if b.decisions.len() <= DECISIONS_SHOWN_OPEN { " open=\"open\"" } else { "" };
-    let _ = write!(out, "<details{open}><summary>{} decision(s), {kept} kept float</summary>", b.decisions.len());
-    table(out, "budget-decisions", &["step", "unit", "values", "ops", "error before", "error with it float", "outcome"], &[0, 4, 5], b.decisions.iter().enumerate().map(|(i, d)| vec![
+    let _ = write!(out, "<details{open}><summary>Walk back over those groups, least sensitive first: {} tried quantized again, {kept} kept float</summary>", b.decisions.len());
+    table(out, "budget-decisions", &["step", "unit", "values", "ops", "error float", "error quantized", "outcome"], &[0, 4, 5], b.decisions.iter().enumerate().map(|(i, d)| vec![
         (i + 1).to_string(), format!("{} #{}", d.unit.kind, d.unit.id), d.unit.values.join(", "), d.unit.ops.join(", "),
-        format!("{:.4e}", d.error_before), format!("{:.4e}", d.error_with_unit_float), if d.kept_float { "kept float" } else { "stays quantized" }.to_string(),
+        format!("{:.4e}", d.error_float), format!("{:.4e}", d.error_quantized), if d.kept_float { "kept float" } else { "quantized again" }.to_string(),
     ]));
     out.push_str("</details>");
     let _ = write!(out, "<details><summary>Full ranking ({} units)</summary>", b.ranking.len());
