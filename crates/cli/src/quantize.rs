@@ -317,7 +317,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             let quiet = args.json;
             let evaluation = FirstSamples::within(&samples, EVALUATION_SAMPLES, EVALUATION_ELEMENTS).map_err(|(sample, reason)| anyhow::anyhow!("sample '{sample}': {reason}"))?;
             quantize_within_budget(&model, quantizer.as_ref(), &samples, &evaluation, &opts, &budget, &mut |p| match p {
-                BudgetProgress::Calibrated { samples, evaluation } if !quiet => eprintln!("calibrated on {samples} samples; measuring every group on the first {evaluation} of them for the accuracy budget"),
+                BudgetProgress::Calibrated { samples, ranking, measured } if !quiet => eprintln!("calibrated on {samples} samples; ranking every group on the first {ranking} of them, measuring the accuracy budget on {measured}"),
                 BudgetProgress::Analysis { sample, samples, unit, units } => analysis(sample, samples, unit, units),
                 BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: measurement {step}, error {error:.4e}"),
                 _ => {}

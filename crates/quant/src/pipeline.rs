@@ -538,6 +538,14 @@ pub struct Calibrated {
     threads: usize,
 }
 
+impl Calibrated {
+    /// The calibration samples convert's output check runs on (`check_samples` of them,
+    /// spread over the set), with the float model's outputs.
+    pub fn check_samples(&self) -> &[CheckSample] {
+        &self.check
+    }
+}
+
 /// Quantizes `model` (left untouched) with `quantizer`, calibrating on `samples`:
 /// [`calibrate`] then [`convert`]. `progress(done, total)` is called after each calibration
 /// sample.

@@ -611,8 +611,9 @@ pub struct BudgetOutcome {
 
 /// Progress of a budgeted quantization, for people.
 pub enum BudgetProgress {
-    /// Calibrated on `samples`; the budget is measured on `evaluation` samples.
-    Calibrated { samples: usize, evaluation: usize },
+    /// Calibrated on `samples`; the units are ranked on `ranking` samples and the budget is
+    /// measured on `measured` samples.
+    Calibrated { samples: usize, ranking: usize, measured: usize },
     /// As [`Progress`].
     Analysis { sample: usize, samples: usize, unit: usize, units: usize },
     /// After measurement `step` (1-based) of the search, with the error it gave.
@@ -630,7 +631,9 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 /// Quantizes `model` so that the outputs stay within `budget`: calibrates once on `samples`,
 /// ranks the units on `evaluation` ([`analyze`]), then returns to float the fewest of the most
 /// sensitive units that meet the budget and quantizes again those of them it can do without
-/// ([`return_to_float`]), measuring every candidate set on every evaluation sample. Each unit
+/// ([`return_to_float`]), measuring every candidate set on the samples of convert's output
+/// check (`opts.check_samples` spread over `samples`, so the check the report prints holds the
+/// budget), or on `evaluation` when there are none. Each unit
 /// returned to float loses its annotated edges, so convert emits no Q/DQ for it; the nodes it
 /// touched are reported float with [`FloatKind::AccuracyBudget`]. The report's
 /// `accuracy_budget` lists every measurement. When even the float model misses the budget (a
@@ -639,7 +642,15 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, evaluation: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
     let started = Instant::now();
     let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
-    progress(BudgetProgress::Calibrated { samples: samples.len(), evaluation: evaluation.len() });
+    let mut measured: Vec<Vec<(String, Tensor)>> = c.check_samples().iter().map(|s| s.feed.clone()).collect();
+    let mut measured_names: Vec<String> = c.check_samples().iter().map(|s| s.name.clone()).collect();
+    if measured.is_empty() {
+        for i in 0..evaluation.len() {
+            measured.push(evaluation.load(i).map_err(sample_error(evaluation, i))?);
+            measured_names.push(evaluation.name(i));
+        }
+    }
+    progress(BudgetProgress::Calibrated { samples: samples.len(), ranking: evaluation.len(), measured: measured.len() });
     if units(&c).is_empty() {
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {
@@ -651,16 +662,18 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         return Ok((m, report));
     }
     let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
+    let failed = |i: usize| {
+        let name = measured_names[i].clone();
+        move |reason: String| SensitivityError::Sample { sample: name, reason }
+    };
     let mut float_outputs = vec![];
-    for i in 0..evaluation.len() {
-        let feed = evaluation.load(i).map_err(sample_error(evaluation, i))?;
-        float_outputs.push(board.run(feed, &vec![true; units.len()]).map_err(sample_error(evaluation, i))?);
+    for (i, feed) in measured.iter().enumerate() {
+        float_outputs.push(board.run(feed.clone(), &vec![true; units.len()]).map_err(failed(i))?);
     }
     let measure = |off: &[bool]| -> Result<f64, SensitivityError> {
         let mut outputs = vec![];
-        for (i, float) in float_outputs.iter().enumerate() {
-            let feed = evaluation.load(i).map_err(sample_error(evaluation, i))?;
-            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed, off).map_err(sample_error(evaluation, i))? });
+        for (i, (feed, float)) in measured.iter().zip(&float_outputs).enumerate() {
+            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed.clone(), off).map_err(failed(i))? });
         }
         Ok((budget.error)(&outputs))
     };

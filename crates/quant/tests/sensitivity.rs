@@ -114,11 +114,19 @@ fn the_budget_is_met_with_few_float_units() {
     let c = calibrate(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     let s = analyze(&c, &Seeded(4), 1, &mut |_, _, _, _| {}).unwrap();
     let target_db = s.all_quantized_sqnr_db + 10.0;
-    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(4), &Seeded(4), &QuantizeOptions::default(), &Budget::min_sqnr(target_db), &mut |_| {}).unwrap();
+    let opts = QuantizeOptions { check_samples: 2, ..QuantizeOptions::default() };
+    let (q, report) = quantize_within_budget(&model, &quantizer(), &Seeded(4), &Seeded(4), &opts, &Budget::min_sqnr(target_db), &mut |_| {}).unwrap();
     let b = report.accuracy_budget.as_ref().unwrap();
     println!("budget {target_db:.2} dB: {} decisions, {} of {} units float, error {:.3e} -> {:.3e}", b.decisions.len(), b.units_float, b.units, b.error_all_quantized, b.error_final);
     assert!(b.met && b.error_final <= b.max_error);
     assert!(b.units_float >= 1 && b.units_float < b.units);
+    // The budget was measured on the output check's samples, so the check the report prints
+    // meets it (its runs are the written model's integer plan).
+    let check = report.output_check.as_ref().expect("an output check");
+    assert_eq!(check.samples, 2);
+    for o in &check.outputs {
+        assert!(o.metrics.sqnr_db >= target_db - 0.1, "check of '{}': {} dB, budget {target_db} dB", o.name, o.metrics.sqnr_db);
+    }
     let kept: Vec<&Vec<String>> = b.decisions.iter().filter(|d| d.kept_float).map(|d| &d.unit.values).collect();
     assert!(kept.contains(&&vec!["wide".to_string()]), "units kept float: {kept:?}");
     let budget_nodes: Vec<&str> = report.nodes.iter().filter(|n| n.kind == Some(qforge_quant::annotation::FloatKind::AccuracyBudget)).map(|n| n.name.as_str()).collect();
