@@ -59,7 +59,7 @@ fn quantize_within_a_budget_reports_its_decisions() {
     assert!(budget["units_float"].as_u64().unwrap() < budget["units"].as_u64().unwrap(), "{budget}");
     let decisions = budget["decisions"].as_array().unwrap();
     assert!(!decisions.is_empty() && decisions.iter().all(|d| d["error_float"].is_number() && d["error_quantized"].is_number()), "{budget}");
-    // The prefix search's last measurement met the budget of 52 dB.
+    // A prefix the search measured met the budget of 52 dB.
     let prefix = budget["prefix_search"].as_array().unwrap();
     assert!(prefix.iter().any(|t| t["error"].as_f64().unwrap() <= 10f64.powf(-52.0 / 20.0)), "{budget}");
     let full: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();

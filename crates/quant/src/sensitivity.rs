@@ -632,8 +632,8 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 /// ranks the units on `evaluation` ([`analyze`]), then returns to float the fewest of the most
 /// sensitive units that meet the budget and quantizes again those of them it can do without
 /// ([`return_to_float`]), measuring every candidate set on the samples of convert's output
-/// check (`opts.check_samples` spread over `samples`, so the check the report prints holds the
-/// budget), or on `evaluation` when there are none. Each unit
+/// check (`opts.check_samples` spread over `samples`, those the report's check is measured
+/// on), or on `evaluation` when there are none. Each unit
 /// returned to float loses its annotated edges, so convert emits no Q/DQ for it; the nodes it
 /// touched are reported float with [`FloatKind::AccuracyBudget`]. The report's
 /// `accuracy_budget` lists every measurement. When even the float model misses the budget (a
@@ -786,7 +786,7 @@ fn return_to_float<E>(order: &[usize], units: usize, error: f64, max_error: f64,
         } else {
             error = quantized;
         }
-        decided(error);
+        decided(quantized);
     }
     (search.off, search.error) = (off, error);
     Ok(search)

@@ -56,6 +56,25 @@ fn outlier_model(outlier: f32) -> Model {
     Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() }
 }
 
+/// The SQNR of `q`'s first output against `model`'s, both run by ONNX Runtime on the four
+/// [`Seeded`] samples.
+fn ort_sqnr_db(model: &Model, q: &Model) -> f64 {
+    let tmp = TempDir::new("budget");
+    let (fp, qp) = (tmp.path().join("f.onnx"), tmp.path().join("q.onnx"));
+    qforge_onnx::save(model, &fp).unwrap();
+    qforge_onnx::save(q, &qp).unwrap();
+    let (mut xx, mut ee) = (0f64, 0f64);
+    for i in 0..4 {
+        let feed = Seeded(4).load(i).unwrap();
+        let (f, g) = (ort_run_with(&fp, &feed, 1, false), ort_run_with(&qp, &feed, 1, false));
+        for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(g[0].1.as_slice::<f32>().unwrap()) {
+            xx += (*a as f64).powi(2);
+            ee += (*a as f64 - *b as f64).powi(2);
+        }
+    }
+    10.0 * (xx / ee).log10()
+}
+
 fn quantizer() -> ConfigQuantizer {
     let backend = BackendConfig::load("ort").unwrap();
     let mapping = default_mapping(&backend, RangeName::Minmax, true);
@@ -133,20 +152,7 @@ fn the_budget_is_met_with_few_float_units() {
     assert!(budget_nodes.contains(&"/mid/MatMul"), "nodes reported float: {budget_nodes:?}");
     let wide = q.graph.value_by_name("wide").unwrap();
     assert!(q.graph.consumers(wide).iter().all(|&(n, _)| q.graph.node(n).unwrap().op_type != "QuantizeLinear"), "'wide' still has Q/DQ");
-    let tmp = TempDir::new("budget");
-    let (fp, qp) = (tmp.path().join("f.onnx"), tmp.path().join("q.onnx"));
-    qforge_onnx::save(&model, &fp).unwrap();
-    qforge_onnx::save(&q, &qp).unwrap();
-    let (mut xx, mut ee) = (0f64, 0f64);
-    for i in 0..4 {
-        let feed = Seeded(4).load(i).unwrap();
-        let (f, g) = (ort_run_with(&fp, &feed, 1, false), ort_run_with(&qp, &feed, 1, false));
-        for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(g[0].1.as_slice::<f32>().unwrap()) {
-            xx += (*a as f64).powi(2);
-            ee += (*a as f64 - *b as f64).powi(2);
-        }
-    }
-    let ort_db = 10.0 * (xx / ee).log10();
+    let ort_db = ort_sqnr_db(&model, &q);
     assert!(ort_db >= target_db - 0.01, "ONNX Runtime gives {ort_db} dB for a budget of {target_db} dB");
 }
 
@@ -211,19 +217,6 @@ fn errors_compounding_over_layers_are_met_by_returning_every_layer_that_needs_it
     assert_eq!(b.units_float, float.len());
     assert!(b.units_float < b.units, "{} of {} float", b.units_float, b.units);
     // ONNX Runtime runs the written model within the budget on the same samples.
-    let tmp = TempDir::new("chain");
-    let (fp, qp) = (tmp.path().join("f.onnx"), tmp.path().join("q.onnx"));
-    qforge_onnx::save(&model, &fp).unwrap();
-    qforge_onnx::save(&q, &qp).unwrap();
-    let (mut xx, mut ee) = (0f64, 0f64);
-    for i in 0..4 {
-        let feed = Seeded(4).load(i).unwrap();
-        let (f, g) = (ort_run_with(&fp, &feed, 1, false), ort_run_with(&qp, &feed, 1, false));
-        for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(g[0].1.as_slice::<f32>().unwrap()) {
-            xx += (*a as f64).powi(2);
-            ee += (*a as f64 - *b as f64).powi(2);
-        }
-    }
-    let ort_db = 10.0 * (xx / ee).log10();
+    let ort_db = ort_sqnr_db(&model, &q);
     assert!(ort_db >= 25.0 - 0.01, "ONNX Runtime: {ort_db} dB");
 }
