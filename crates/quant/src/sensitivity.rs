@@ -642,15 +642,8 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleSource, evaluation: &dyn SampleSource, opts: &QuantizeOptions, budget: &Budget, progress: &mut dyn FnMut(BudgetProgress)) -> Result<(Model, Report), SensitivityError> {
     let started = Instant::now();
     let mut c = calibrate(model, quantizer, samples, opts, &mut |_, _| {})?;
-    let mut measured: Vec<Vec<(String, Tensor)>> = c.check_samples().iter().map(|s| s.feed.clone()).collect();
-    let mut measured_names: Vec<String> = c.check_samples().iter().map(|s| s.name.clone()).collect();
-    if measured.is_empty() {
-        for i in 0..evaluation.len() {
-            measured.push(evaluation.load(i).map_err(sample_error(evaluation, i))?);
-            measured_names.push(evaluation.name(i));
-        }
-    }
-    progress(BudgetProgress::Calibrated { samples: samples.len(), ranking: evaluation.len(), measured: measured.len() });
+    let checked = c.check_samples().len();
+    progress(BudgetProgress::Calibrated { samples: samples.len(), ranking: evaluation.len(), measured: if checked > 0 { checked } else { evaluation.len() } });
     if units(&c).is_empty() {
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {
@@ -662,18 +655,25 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         return Ok((m, report));
     }
     let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
-    let failed = |i: usize| {
-        let name = measured_names[i].clone();
-        move |reason: String| SensitivityError::Sample { sample: name, reason }
+    // The measured samples, by name, with their float outputs.
+    let mut measured: Vec<(String, Vec<(String, Tensor)>)> = c.check_samples().iter().map(|s| (s.name.clone(), s.feed.clone())).collect();
+    if measured.is_empty() {
+        for i in 0..evaluation.len() {
+            measured.push((evaluation.name(i), evaluation.load(i).map_err(sample_error(evaluation, i))?));
+        }
+    }
+    let failed = |name: &str| {
+        let sample = name.to_string();
+        move |reason: String| SensitivityError::Sample { sample, reason }
     };
     let mut float_outputs = vec![];
-    for (i, feed) in measured.iter().enumerate() {
-        float_outputs.push(board.run(feed.clone(), &vec![true; units.len()]).map_err(failed(i))?);
+    for (name, feed) in &measured {
+        float_outputs.push(board.run(feed.clone(), &vec![true; units.len()]).map_err(failed(name))?);
     }
     let measure = |off: &[bool]| -> Result<f64, SensitivityError> {
         let mut outputs = vec![];
-        for (i, (feed, float)) in measured.iter().zip(&float_outputs).enumerate() {
-            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed.clone(), off).map_err(failed(i))? });
+        for ((name, feed), float) in measured.iter().zip(&float_outputs) {
+            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed.clone(), off).map_err(failed(name))? });
         }
         Ok((budget.error)(&outputs))
     };
