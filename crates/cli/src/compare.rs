@@ -85,8 +85,12 @@ fn render(c: &Comparison, args: &CompareArgs, seconds: f64) -> String {
     let _ = writeln!(out, "{} against {} on {} sample(s), {seconds:.2} s", args.quantized.display(), args.float.display(), c.samples);
     let _ = writeln!(out, "\nactivations, in graph order (Q/DQ yes: compared with the fake-quantized value; elements: over all samples)");
     tensor_table(&mut out, &c.activations);
-    let _ = writeln!(out, "\ngraph outputs");
+    let _ = writeln!(out, "\ngraph outputs (the QDQ graph as written: float arithmetic between Dequantize and Quantize)");
     tensor_table(&mut out, &c.outputs);
+    if let Some(as_run) = &c.outputs_as_run {
+        let _ = writeln!(out, "\ngraph outputs as deployed (QDQ units as integer operators, rounding as ONNX Runtime does)");
+        tensor_table(&mut out, as_run);
+    }
     if !c.weights.is_empty() {
         let width = c.weights.iter().map(|w| w.name.len()).chain([6]).max().unwrap_or(6);
         let consumer_width = c.weights.iter().map(|w| w.consumer.len()).chain([8]).max().unwrap_or(8);

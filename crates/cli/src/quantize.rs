@@ -320,6 +320,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
                 BudgetProgress::Calibrated { samples, ranking, measured } if !quiet => eprintln!("calibrated on {samples} samples; ranking every group on the first {ranking} of them, measuring the accuracy budget on {measured}"),
                 BudgetProgress::Analysis { sample, samples, unit, units } => analysis(sample, samples, unit, units),
                 BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: measurement {step}, error {error:.4e}"),
+                BudgetProgress::Round(r) if !quiet => eprintln!("accuracy budget: round {}, the converted model gives {:.4e} ({:.2} dB; {:.2} dB simulated)", r.round, r.error_converted, db(r.error_converted), db(r.error_simulated)),
                 _ => {}
             }).with_context(|| format!("cannot quantize {}", args.model.display()))?
         }
@@ -361,7 +362,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "pair_sum_reach_exceeded": report.pair_sum_reach_exceeded,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
-                "met": b.met, "units": b.units, "units_float": b.units_float, "prefix_search": b.prefix_search, "decisions": b.decisions,
+                "met": b.met, "units": b.units, "units_float": b.units_float, "rounds": b.rounds, "prefix_search": b.prefix_search, "decisions": b.decisions,
             })),
             "calibration_seconds": report.calibration_seconds, "total_seconds": report.total_seconds,
             "lowering": report.lowering,
@@ -401,20 +402,39 @@ fn budget(args: &QuantizeArgs) -> Result<Option<Budget<'static>>> {
     })
 }
 
-/// The accuracy budget's search, for people: the prefix measurements and the units left float
-/// (the report's `accuracy_budget` has every trial of the walk back).
+/// An error as SQNR in dB, for a relative RMS error.
+fn db(e: f64) -> f64 {
+    -20.0 * e.log10()
+}
+
+/// The accuracy budget's search, for people: each round's prefix measurements, the converted
+/// model's error, and the units left float (the report's `accuracy_budget` has every trial of
+/// the walk back).
 fn budget_summary(b: &BudgetOutcome) -> String {
-    let db = |e: f64| -20.0 * e.log10();
-    let mut s = format!("accuracy budget: {} <= {:.4e} ({:.2} dB): {:.4e} with every group quantized ({:.2} dB), {:.4e} ({:.2} dB) after {} measurement(s); {} of {} groups float{}\n",
+    let missed = match b.rounds.last() {
+        _ if b.met => String::new(),
+        Some(r) if r.error_simulated > r.max_error_simulated => "; NOT MET even with every ranked group float".into(),
+        Some(r) => format!("; NOT MET after {} round(s)", r.round),
+        None => "; NOT MET".into(),
+    };
+    let mut s = format!("accuracy budget: {} <= {:.4e} ({:.2} dB): {:.4e} with every group quantized ({:.2} dB, simulated), {:.4e} ({:.2} dB) converted, after {} measurement(s); {} of {} groups float{missed}\n",
         b.metric, b.max_error, db(b.max_error), b.error_all_quantized, db(b.error_all_quantized), b.error_final, db(b.error_final),
-        b.prefix_search.len() + b.decisions.len(), b.units_float, b.units, if b.met { "" } else { "; NOT MET even with every ranked group float" });
-    let prefix: Vec<String> = b.prefix_search.iter().map(|t| format!("{} float: {:.4e}", t.units_float, t.error)).collect();
-    if !prefix.is_empty() {
-        s += &format!("  most sensitive groups returned to float, searched: {}\n", prefix.join("; "));
+        b.prefix_search.len() + b.decisions.len(), b.units_float, b.units);
+    for r in &b.rounds {
+        let prefix: Vec<String> = b.prefix_search.iter().filter(|t| t.round == r.round).map(|t| format!("{} float: {:.4e}", t.units_float, t.error)).collect();
+        let walked: Vec<_> = b.decisions.iter().filter(|d| d.round == r.round).collect();
+        let requantized = walked.iter().filter(|d| !d.kept_float).count();
+        s += &format!("  round {}: simulated error <= {:.4e} ({:.2} dB)\n", r.round, r.max_error_simulated, db(r.max_error_simulated));
+        if !prefix.is_empty() {
+            s += &format!("    most sensitive groups returned to float, searched: {}\n", prefix.join("; "));
+        }
+        if !walked.is_empty() {
+            s += &format!("    walked back over {} group(s): {requantized} quantized again\n", walked.len());
+        }
+        s += &format!("    {} groups float: {:.4e} simulated ({:.2} dB), {:.4e} converted ({:.2} dB)\n", r.units_float, r.error_simulated, db(r.error_simulated), r.error_converted, db(r.error_converted));
     }
-    let requantized = b.decisions.iter().filter(|d| !d.kept_float).count();
-    if !b.decisions.is_empty() {
-        s += &format!("  walked back over {} group(s): {requantized} quantized again, these stay float:\n", b.decisions.len());
+    if b.units_float > 0 {
+        s += "  these stay float:\n";
     }
     for d in b.decisions.iter().filter(|d| d.kept_float) {
         s += &format!("  float {} #{} [{}] ({}): {:.4e}, quantized {:.4e}\n", d.unit.kind, d.unit.id, d.unit.values.join(", "), d.unit.ops.join(", "), d.error_float, d.error_quantized);

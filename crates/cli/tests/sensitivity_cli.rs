@@ -62,6 +62,11 @@ fn quantize_within_a_budget_reports_its_decisions() {
     // A prefix the search measured met the budget of 52 dB.
     let prefix = budget["prefix_search"].as_array().unwrap();
     assert!(prefix.iter().any(|t| t["error"].as_f64().unwrap() <= 10f64.powf(-52.0 / 20.0)), "{budget}");
+    // The last round's converted model is the one written, and it meets the budget.
+    let rounds = budget["rounds"].as_array().unwrap();
+    let last = rounds.last().expect("a round");
+    assert_eq!(last["error_converted"], budget["error_final"], "{budget}");
+    assert!(last["error_converted"].as_f64().unwrap() <= 10f64.powf(-52.0 / 20.0), "{budget}");
     let full: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let float_by_budget = full["nodes"].as_array().unwrap().iter().filter(|n| n["kind"] == "accuracy_budget").count();
     assert!(float_by_budget >= 1, "no node reported float by the accuracy budget");

@@ -173,6 +173,13 @@ pub struct Comparison {
     /// The float model's graph outputs, compared with the quantized model's outputs of the
     /// same name, in graph order (a sequence item by item, an optional by what it holds).
     pub outputs: Vec<TensorComparison>,
+    /// The same outputs with the quantized model run as it deploys: its QDQ units as integer
+    /// operators, rounding as ONNX Runtime's kernels do. `outputs` and `activations` come from
+    /// the QDQ graph as written (float arithmetic between Dequantize and Quantize), which is
+    /// what lets every tensor be paired; the two can differ where integer kernels round a
+    /// value differently and later layers amplify it. `None` when nothing lowers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outputs_as_run: Option<Vec<TensorComparison>>,
     /// Quantized initializers, in topological order of their `DequantizeLinear`.
     pub weights: Vec<WeightComparison>,
     /// Float values with no counterpart (`graph:name` inside subgraphs).
@@ -705,6 +712,9 @@ pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads
     let mut unpaired = vec![0u64; pairs.len()];
     let mut output_sums = vec![Sums::default(); output_pairs.len()];
     let mut output_unpaired = vec![0u64; output_pairs.len()];
+    let lowered = quant_session.qdq_lowering().is_some();
+    let mut as_run_sums = vec![Sums::default(); output_pairs.len()];
+    let mut as_run_unpaired = vec![0u64; output_pairs.len()];
     for i in 0..samples.len() {
         let sample_error = |reason: String| CompareError::Sample { sample: samples.name(i), reason };
         let feed = samples.load(i).map_err(sample_error)?;
@@ -715,21 +725,36 @@ pub fn compare(float: &Model, quant: &Model, samples: &dyn SampleSource, threads
         let feed: Vec<(String, Value)> = feed.into_iter().map(|(n, t)| (n, Value::Tensor(t))).collect();
         let float_out = float_session.run_values_with_hooks(feed.clone(), &mut recorder).map_err(|e| sample_error(format!("the float model failed: {e}")))?;
         let mut comparer = Comparer { paths: &quant_paths, watch: &quant_watch, seen: recorder.seen, sums: &mut sums, unpaired: &mut unpaired };
+        let as_run = if lowered {
+            Some(quant_session.run_values(feed.clone()).map_err(|e| sample_error(format!("the quantized model failed as integer operators: {e}")))?)
+        } else {
+            None
+        };
         let quant_out = quant_session.run_values_with_hooks(feed, &mut comparer).map_err(|e| sample_error(format!("the quantized model failed: {e}")))?;
         comparer.finish();
-        for (k, &(fo, qo)) in output_pairs.iter().enumerate() {
-            match Sums::of_values(&float_out[fo].1, &quant_out[qo].1) {
-                Some(s) => output_sums[k] = output_sums[k].merge(s),
-                None => output_unpaired[k] += 1,
+        let add = |out: &[(String, Value)], sums: &mut [Sums], unpaired: &mut [u64]| {
+            for (k, &(fo, qo)) in output_pairs.iter().enumerate() {
+                match Sums::of_values(&float_out[fo].1, &out[qo].1) {
+                    Some(s) => sums[k] = sums[k].merge(s),
+                    None => unpaired[k] += 1,
+                }
             }
+        };
+        add(&quant_out, &mut output_sums, &mut output_unpaired);
+        if let Some(out) = &as_run {
+            add(out, &mut as_run_sums, &mut as_run_unpaired);
         }
         progress(i + 1, samples.len());
     }
 
     let activations = pairs.into_iter().zip(sums.iter().zip(&unpaired)).filter(|(_, (s, u))| s.count + s.non_finite + **u > 0)
         .map(|(p, (s, &u))| TensorComparison { unpaired: u, metrics: s.metrics(), ..p.template }).collect();
-    let outputs = output_pairs.iter().zip(output_sums.iter().zip(&output_unpaired)).map(|(&(fo, _), (s, &u))| output_comparison(all_f[0].1, all_q[0].1, &float_outputs[fo], s, u)).collect();
-    Ok(Comparison { samples: samples.len(), activations, outputs, weights, unmatched, unmatched_weights })
+    let output_table = |sums: &[Sums], unpaired: &[u64]| -> Vec<TensorComparison> {
+        output_pairs.iter().zip(sums.iter().zip(unpaired)).map(|(&(fo, _), (s, &u))| output_comparison(all_f[0].1, all_q[0].1, &float_outputs[fo], s, u)).collect()
+    };
+    let outputs = output_table(&output_sums, &output_unpaired);
+    let outputs_as_run = lowered.then(|| output_table(&as_run_sums, &as_run_unpaired));
+    Ok(Comparison { samples: samples.len(), activations, outputs, outputs_as_run, weights, unmatched, unmatched_weights })
 }
 
 /// A calibration sample kept for the output check ([`check_outputs`]): its feed and the float

@@ -571,6 +571,8 @@ impl Budget<'static> {
 /// One unit of the prefix the accuracy budget returned to float, tried quantized again.
 #[derive(Debug, Clone, Serialize)]
 pub struct BudgetDecision {
+    /// The search round ([`BudgetRound::round`]) that measured it.
+    pub round: usize,
     pub unit: UnitRecord,
     /// The error with this unit float and with it quantized, the other units as decided
     /// before this trial.
@@ -580,12 +582,30 @@ pub struct BudgetDecision {
     pub kept_float: bool,
 }
 
-/// One measurement of the accuracy budget's prefix search: the `units_float` most sensitive
-/// units float, the rest quantized.
+/// One measurement of the accuracy budget's prefix search: the units earlier rounds left
+/// float and the most sensitive of the others, `units_float` in all, float; the rest quantized.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PrefixTrial {
+    /// The search round ([`BudgetRound::round`]) that measured it.
+    pub round: usize,
     pub units_float: usize,
     pub error: f64,
+}
+
+/// One round of the accuracy budget: a search in the Q/DQ simulation for at most
+/// `max_error_simulated`, then the converted model measured as qforge's runtime runs it (QDQ
+/// units as integer operators, as ONNX Runtime runs them). Integer arithmetic rounds a few
+/// values differently from the simulation, and deep models amplify that, so the converted
+/// model can miss a budget the simulation met; the next round then aims the simulation at
+/// `max_error * error_simulated / error_converted`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BudgetRound {
+    /// 1-based.
+    pub round: usize,
+    pub max_error_simulated: f64,
+    pub error_simulated: f64,
+    pub error_converted: f64,
+    pub units_float: usize,
 }
 
 /// What the accuracy budget did.
@@ -593,16 +613,20 @@ pub struct PrefixTrial {
 pub struct BudgetOutcome {
     pub metric: String,
     pub max_error: f64,
-    /// The error with every unit quantized, and with the decisions applied.
+    /// The error with every unit quantized (in the Q/DQ simulation), and that of the model
+    /// written, as qforge's runtime runs it ([`BudgetRound`]).
     pub error_all_quantized: f64,
     pub error_final: f64,
+    /// Whether `error_final` is within `max_error`.
     pub met: bool,
     /// Units measured, and units returned to float.
     pub units: usize,
     pub units_float: usize,
-    /// The prefix search, in the order measured.
+    /// The rounds of search and measurement of the converted model.
+    pub rounds: Vec<BudgetRound>,
+    /// The prefix searches, in the order measured.
     pub prefix_search: Vec<PrefixTrial>,
-    /// The walk back over the prefix found, least sensitive unit first.
+    /// The walks back over the prefixes found, least sensitive unit first.
     pub decisions: Vec<BudgetDecision>,
     /// The sensitivity ranking the decisions followed.
     pub ranking: Vec<UnitSensitivity>,
@@ -618,7 +642,12 @@ pub enum BudgetProgress {
     Analysis { sample: usize, samples: usize, unit: usize, units: usize },
     /// After measurement `step` (1-based) of the search, with the error it gave.
     Decision { step: usize, error: f64 },
+    /// After a round's converted model was measured.
+    Round(BudgetRound),
 }
+
+/// The most rounds of [`quantize_within_budget`].
+pub const MAX_BUDGET_ROUNDS: usize = 4;
 
 /// The most samples [`analyze`] and the accuracy budget are given by default: every group
 /// costs two partial runs per sample.
@@ -631,11 +660,17 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 /// Quantizes `model` so that the outputs stay within `budget`: calibrates once on `samples`,
 /// ranks the units on `evaluation` ([`analyze`]), then returns to float the fewest of the most
 /// sensitive units that meet the budget and quantizes again those of them it can do without
-/// ([`return_to_float`]), measuring every candidate set on the samples of convert's output
-/// check (`opts.check_samples` spread over `samples`, those the report's check is measured
-/// on), or on `evaluation` when there are none. Each unit
-/// returned to float loses its annotated edges, so convert emits no Q/DQ for it; the nodes it
-/// touched are reported float with [`FloatKind::AccuracyBudget`]. The report's
+/// ([`return_to_float`]), measuring every candidate set in the Q/DQ simulation on the samples
+/// of convert's output check (`opts.check_samples` spread over `samples`, those the report's
+/// check is measured on), or on `evaluation` when there are none. The model converted from
+/// that set is then measured on the same samples as qforge's runtime runs it (QDQ units as
+/// integer operators); when it misses the budget, the search continues from that set for a
+/// simulated error as much smaller as the converted model's is too large, at most
+/// [`MAX_BUDGET_ROUNDS`] rounds ([`BudgetRound`]). The budget is met when the converted model
+/// meets it.
+///
+/// Each unit returned to float loses its annotated edges, so convert emits no Q/DQ for it; the
+/// nodes it touched are reported float with [`FloatKind::AccuracyBudget`]. The report's
 /// `accuracy_budget` lists every measurement. When even the float model misses the budget (a
 /// metric other than the distance to it), the set of least error measured is kept and the
 /// report says the budget was not met.
@@ -648,7 +683,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {
             metric: budget.metric.clone(), max_error: budget.max_error, error_all_quantized: 0.0, error_final: 0.0, met: true,
-            units: 0, units_float: 0, prefix_search: vec![], decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
+            units: 0, units_float: 0, rounds: vec![], prefix_search: vec![], decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
         };
         let (m, mut report) = convert(c)?;
         report.accuracy_budget = Some(outcome);
@@ -680,31 +715,101 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     let error_all_quantized = measure(&vec![false; units.len()])?;
     let order: Vec<usize> = analysis.ranking.iter().map(|e| e.unit.id).collect();
     let mut steps = 0;
-    let search = return_to_float(&order, units.len(), error_all_quantized, budget.max_error, &mut |off| measure(off), &mut |error| {
-        steps += 1;
-        progress(BudgetProgress::Decision { step: steps, error });
+    let mut float_now = vec![false; units.len()];
+    let mut written = None;
+    let found = search_in_rounds(&order, units.len(), error_all_quantized, budget.max_error, &mut |off| measure(off), &mut |off| {
+        let newly_float: Vec<usize> = (0..off.len()).filter(|&u| off[u] && !float_now[u]).collect();
+        keep_units_float(&mut c, &newly_float);
+        float_now = off.to_vec();
+        let (m, report) = convert(c.clone())?;
+        let error = measure_model(&m, &measured, &float_outputs, budget, opts.threads)?;
+        written = Some((m, report));
+        Ok(error)
+    }, &mut |event| match event {
+        RoundEvent::Measured(error) => {
+            steps += 1;
+            progress(BudgetProgress::Decision { step: steps, error });
+        }
+        RoundEvent::Converted(r) => progress(BudgetProgress::Round(r)),
     })?;
+    let (m, mut report) = written.expect("every round converts");
     let record = |u: usize| analysis.ranking.iter().find(|e| e.unit.id == u).expect("ranked unit").unit.clone();
-    let decisions: Vec<BudgetDecision> = search.walk_back.iter().map(|t| BudgetDecision { unit: record(t.unit), error_float: t.error_float, error_quantized: t.error_quantized, kept_float: t.kept_float }).collect();
-    let (off, error) = (search.off, search.error);
-    let float_ids: Vec<usize> = off.iter().enumerate().filter(|(_, &o)| o).map(|(u, _)| u).collect();
-    keep_units_float(&mut c, &float_ids);
-    let outcome = BudgetOutcome {
+    let last = *found.rounds.last().expect("at least one round");
+    report.accuracy_budget = Some(BudgetOutcome {
         metric: budget.metric.clone(),
         max_error: budget.max_error,
         error_all_quantized,
-        error_final: error,
-        met: error <= budget.max_error,
+        error_final: last.error_converted,
+        met: last.error_converted <= budget.max_error,
         units: analysis.ranking.len(),
-        units_float: off.iter().filter(|&&o| o).count(),
-        prefix_search: search.prefix,
-        decisions,
+        units_float: last.units_float,
+        rounds: found.rounds,
+        prefix_search: found.prefix,
+        decisions: found.walk_back.iter().map(|&(round, t)| BudgetDecision { round, unit: record(t.unit), error_float: t.error_float, error_quantized: t.error_quantized, kept_float: t.kept_float }).collect(),
         ranking: analysis.ranking,
         seconds: started.elapsed().as_secs_f64(),
-    };
-    let (m, mut report) = convert(c)?;
-    report.accuracy_budget = Some(outcome);
+    });
     Ok((m, report))
+}
+
+/// What [`search_in_rounds`] reports as it goes.
+enum RoundEvent {
+    /// A float set measured in the simulation, with its error.
+    Measured(f64),
+    /// A round's converted model measured.
+    Converted(BudgetRound),
+}
+
+/// What [`search_in_rounds`] found: each round, and every measurement of the searches.
+#[derive(Debug, Clone, PartialEq)]
+struct RoundsFound {
+    rounds: Vec<BudgetRound>,
+    prefix: Vec<PrefixTrial>,
+    /// `(round, trial)`.
+    walk_back: Vec<(usize, WalkBackTrial)>,
+}
+
+/// The accuracy budget's rounds over `units` units ranked in `order`, from every unit quantized
+/// (simulated error `error_all_quantized`): each round searches ([`return_to_float`], with
+/// `simulated` measuring a float set) from the float set the previous round left, then
+/// `converted` measures the model converted with that set. The rounds end when the converted
+/// model meets `max_error`, when the search cannot meet its own target, when every unit is
+/// float, or after [`MAX_BUDGET_ROUNDS`]. Otherwise the converted model's error is taken to
+/// keep its ratio to the simulated one, so the next round aims the simulation at
+/// `max_error * simulated / converted`, below the simulated error it has.
+fn search_in_rounds<E>(order: &[usize], units: usize, error_all_quantized: f64, max_error: f64, simulated: &mut dyn FnMut(&[bool]) -> Result<f64, E>, converted: &mut dyn FnMut(&[bool]) -> Result<f64, E>, event: &mut dyn FnMut(RoundEvent)) -> Result<RoundsFound, E> {
+    let (mut off, mut error) = (vec![false; units], error_all_quantized);
+    let mut found = RoundsFound { rounds: vec![], prefix: vec![], walk_back: vec![] };
+    let mut target = max_error;
+    loop {
+        let round = found.rounds.len() + 1;
+        let search = return_to_float(order, &off, error, target, simulated, &mut |e| event(RoundEvent::Measured(e)))?;
+        found.prefix.extend(search.prefix.iter().map(|&(units_float, error)| PrefixTrial { round, units_float, error }));
+        found.walk_back.extend(search.walk_back.iter().map(|&t| (round, t)));
+        (off, error) = (search.off, search.error);
+        let error_converted = converted(&off)?;
+        let units_float = off.iter().filter(|&&o| o).count();
+        let r = BudgetRound { round, max_error_simulated: target, error_simulated: error, error_converted, units_float };
+        found.rounds.push(r);
+        event(RoundEvent::Converted(r));
+        let settled = error_converted <= max_error || error > target || units_float == units || round == MAX_BUDGET_ROUNDS || !(error_converted.is_finite() && error_converted > 0.0);
+        if settled {
+            return Ok(found);
+        }
+        target = max_error * error / error_converted;
+    }
+}
+
+/// `budget`'s error of `model` as qforge's runtime runs it (QDQ units as integer operators)
+/// on the `measured` samples, against their float outputs.
+fn measure_model(model: &Model, measured: &[(String, NamedTensors)], float_outputs: &[NamedTensors], budget: &Budget, threads: usize) -> Result<f64, SensitivityError> {
+    let session = Session::with_options(model, SessionOptions { threads }).map_err(|e| SensitivityError::Model(format!("the converted model does not run: {e}")))?;
+    let mut outputs = vec![];
+    for ((name, feed), float) in measured.iter().zip(float_outputs) {
+        let trial = session.run(feed.clone()).map_err(|e| SensitivityError::Sample { sample: name.clone(), reason: format!("the converted model failed: {e}") })?;
+        outputs.push(SampleOutputs { float: float.clone(), trial });
+    }
+    Ok((budget.error)(&outputs))
 }
 
 /// One unit of the walk back in [`return_to_float`]: the error with unit `unit` float and with
@@ -723,47 +828,50 @@ struct WalkBackTrial {
 struct BudgetSearch {
     off: Vec<bool>,
     error: f64,
-    prefix: Vec<PrefixTrial>,
+    /// `(units float, error)` of each prefix measured.
+    prefix: Vec<(usize, f64)>,
     walk_back: Vec<WalkBackTrial>,
 }
 
-/// The accuracy budget's search over `units` units ranked in `order` (most sensitive first),
-/// from every unit quantized (error `error`), with `measure` giving the error of a float set
-/// (`true`: float):
-/// 1. *prefix search*: the fewest leading units of `order` whose return to float brings the
-///    error to at most `max_error`, by bisection (the error of a longer prefix is taken to be
-///    no larger; the prefix found is measured, so it meets the budget whatever the shape);
+/// The accuracy budget's search from the float set `start` (`true`: float; its error is
+/// `error`) over the units of `order` (most sensitive first) not yet float, with `measure`
+/// giving the error of a float set:
+/// 1. *prefix search*: the fewest leading candidates whose return to float brings the error to
+///    at most `max_error`, by bisection (the error of a longer prefix is taken to be no larger;
+///    the prefix found is measured, so it meets the budget whatever the shape);
 /// 2. *walk back*: each unit of that prefix, least sensitive first, is quantized again when
-///    the budget still holds without it, so every unit left float is needed.
+///    the budget still holds without it, so every unit it leaves float is needed.
 ///
-/// Quantization errors that compound over many layers, none of which fixes the output alone,
-/// need a long prefix, which a unit-at-a-time search never reaches. When even the whole
-/// ranking float misses the budget, the prefix of least error is returned.
-/// `decided(error)` follows every measurement.
-fn return_to_float<E>(order: &[usize], units: usize, error: f64, max_error: f64, measure: &mut dyn FnMut(&[bool]) -> Result<f64, E>, decided: &mut dyn FnMut(f64)) -> Result<BudgetSearch, E> {
+/// Units of `start` stay float. Quantization errors that compound over many layers, none of
+/// which fixes the output alone, need a long prefix, which a unit-at-a-time search never
+/// reaches. When even every candidate float misses the budget, the prefix of least error is
+/// returned. `decided(error)` follows every measurement.
+fn return_to_float<E>(order: &[usize], start: &[bool], error: f64, max_error: f64, measure: &mut dyn FnMut(&[bool]) -> Result<f64, E>, decided: &mut dyn FnMut(f64)) -> Result<BudgetSearch, E> {
+    let candidates: Vec<usize> = order.iter().copied().filter(|&u| !start[u]).collect();
+    let floats = start.iter().filter(|&&o| o).count();
     let prefix_set = |k: usize| {
-        let mut off = vec![false; units];
-        for &u in &order[..k] {
+        let mut off = start.to_vec();
+        for &u in &candidates[..k] {
             off[u] = true;
         }
         off
     };
-    let mut search = BudgetSearch { off: vec![false; units], error, prefix: vec![], walk_back: vec![] };
-    if error <= max_error || order.is_empty() {
+    let mut search = BudgetSearch { off: start.to_vec(), error, prefix: vec![], walk_back: vec![] };
+    if error <= max_error || candidates.is_empty() {
         return Ok(search);
     }
     let mut measure_prefix = |k: usize, search: &mut BudgetSearch| -> Result<f64, E> {
         let e = measure(&prefix_set(k))?;
-        search.prefix.push(PrefixTrial { units_float: k, error: e });
+        search.prefix.push((floats + k, e));
         decided(e);
         Ok(e)
     };
     // Invariant: the prefix of `lo` units misses the budget, that of `hi` units meets it.
-    let (mut lo, mut hi) = (0, order.len());
+    let (mut lo, mut hi) = (0, candidates.len());
     let mut hi_error = measure_prefix(hi, &mut search)?;
     if hi_error > max_error {
-        let best = search.prefix.iter().copied().chain([PrefixTrial { units_float: 0, error }]).min_by(|a, b| a.error.total_cmp(&b.error)).expect("two candidates");
-        (search.off, search.error) = (prefix_set(best.units_float), best.error);
+        let (k, best) = search.prefix.iter().map(|&(n, e)| (n - floats, e)).chain([(0, error)]).min_by(|a, b| a.1.total_cmp(&b.1)).expect("two candidates");
+        (search.off, search.error) = (prefix_set(k), best);
         return Ok(search);
     }
     while hi - lo > 1 {
@@ -776,7 +884,7 @@ fn return_to_float<E>(order: &[usize], units: usize, error: f64, max_error: f64,
         }
     }
     let (mut off, mut error) = (prefix_set(hi), hi_error);
-    for &u in order[..hi].iter().rev() {
+    for &u in candidates[..hi].iter().rev() {
         off[u] = false;
         let quantized = measure(&off)?;
         let kept_float = quantized > max_error;
@@ -869,10 +977,10 @@ mod tests {
     #[test]
     fn a_unit_whose_noise_others_mask_stays_float_when_the_budget_needs_it() {
         // Unit 0 alone raises the error, yet the budget needs all three float.
-        let s = return_to_float(&[0, 1, 2], 3, 0.5, 0.01, &mut masked, &mut |_| {}).unwrap();
+        let s = return_to_float(&[0, 1, 2], &[false; 3], 0.5, 0.01, &mut masked, &mut |_| {}).unwrap();
         assert_eq!((s.off.clone(), s.error), (vec![true, true, true], 0.0));
         // Prefixes of 3, 1 and 2 units: 0.0 meets it, 0.60 and 0.10 do not.
-        assert_eq!(s.prefix.iter().map(|t| (t.units_float, t.error)).collect::<Vec<_>>(), [(3, 0.0), (1, 0.60), (2, 0.10)]);
+        assert_eq!(s.prefix, [(3, 0.0), (1, 0.60), (2, 0.10)]);
         assert_eq!(walked(&s), [(2, true), (1, true), (0, true)]);
         assert_eq!((s.walk_back[2].error_float, s.walk_back[2].error_quantized), (0.0, 0.20));
     }
@@ -881,14 +989,14 @@ mod tests {
     fn the_walk_back_quantizes_again_what_the_budget_does_without() {
         // Order [1, 2, 0], at most 0.25: the prefix of two units (1 and 2) gives 0.20; without
         // unit 2 it is 0.30, without unit 1 0.45, so both stay float.
-        let s = return_to_float(&[1, 2, 0], 3, 0.5, 0.25, &mut masked, &mut |_| {}).unwrap();
+        let s = return_to_float(&[1, 2, 0], &[false; 3], 0.5, 0.25, &mut masked, &mut |_| {}).unwrap();
         assert_eq!((s.off.clone(), s.error), (vec![false, true, true], 0.20));
         assert_eq!(walked(&s), [(2, true), (1, true)]);
         // At most 0.35, order [0, 2, 1]: the prefixes of one and two units both give 0.60, so
         // the search ends at all three float. Walking back, unit 1 stays float (0.60 without
         // it), unit 2 is quantized again (0.10), then unit 0 (0.30).
-        let s = return_to_float(&[0, 2, 1], 3, 0.5, 0.35, &mut masked, &mut |_| {}).unwrap();
-        assert_eq!(s.prefix.iter().map(|t| t.units_float).collect::<Vec<_>>(), [3, 1, 2]);
+        let s = return_to_float(&[0, 2, 1], &[false; 3], 0.5, 0.35, &mut masked, &mut |_| {}).unwrap();
+        assert_eq!(s.prefix.iter().map(|t| t.0).collect::<Vec<_>>(), [3, 1, 2]);
         assert_eq!(walked(&s), [(1, true), (2, false), (0, false)]);
         assert_eq!((s.off.clone(), s.error), (vec![false, true, false], 0.30));
     }
@@ -905,10 +1013,10 @@ mod tests {
             Ok(off.iter().filter(|&&o| !o).count() as f64)
         };
         let order: Vec<usize> = (0..n).collect();
-        let s = return_to_float(&order, n, n as f64, 3.0, &mut additive, &mut |_| {}).unwrap();
+        let s = return_to_float(&order, &vec![false; n], n as f64, 3.0, &mut additive, &mut |_| {}).unwrap();
         assert_eq!(s.error, 3.0);
         assert_eq!(s.off.iter().filter(|&&o| o).count(), n - 3);
-        assert_eq!(s.prefix.last().map(|t| t.units_float), Some(n - 3));
+        assert_eq!(s.prefix.last().map(|t| t.0), Some(n - 3));
         // The walk back tries each of the 61 float units once and keeps all of them float.
         assert_eq!(s.walk_back.len(), n - 3);
         assert!(s.walk_back.iter().all(|t| t.kept_float));
@@ -918,11 +1026,79 @@ mod tests {
     #[test]
     fn a_budget_the_float_model_misses_keeps_the_set_of_least_error() {
         let mut flat = |off: &[bool]| -> Result<f64, ()> { Ok(if off.iter().all(|&o| o) { 0.7 } else { 1.0 }) };
-        let s = return_to_float(&[0, 1, 2], 3, 0.5, 0.1, &mut flat, &mut |_| {}).unwrap();
+        let s = return_to_float(&[0, 1, 2], &[false; 3], 0.5, 0.1, &mut flat, &mut |_| {}).unwrap();
         // All float gives 0.7, worse than all quantized (0.5): nothing is returned to float.
         assert_eq!((s.off.clone(), s.error, s.prefix.len()), (vec![false; 3], 0.5, 1));
         // Already within the budget: nothing is measured.
-        let s = return_to_float(&[0, 1, 2], 3, 0.5, 0.5, &mut masked, &mut |_| {}).unwrap();
+        let s = return_to_float(&[0, 1, 2], &[false; 3], 0.5, 0.5, &mut masked, &mut |_| {}).unwrap();
         assert!(s.prefix.is_empty() && s.walk_back.is_empty() && s.off == vec![false; 3]);
+    }
+
+    #[test]
+    fn a_later_round_keeps_the_units_already_float_and_searches_the_others() {
+        // Additive errors, units 0 and 1 already float (error 2 of 4): a tighter budget of 1
+        // returns one more unit to float, the most sensitive candidate (3), and never
+        // measures a set without units 0 and 1.
+        let mut sets = vec![];
+        let mut additive = |off: &[bool]| -> Result<f64, ()> {
+            sets.push(off.to_vec());
+            Ok(off.iter().filter(|&&o| !o).count() as f64)
+        };
+        let s = return_to_float(&[3, 0, 2, 1], &[true, true, false, false], 2.0, 1.0, &mut additive, &mut |_| {}).unwrap();
+        assert_eq!((s.off.clone(), s.error), (vec![true, true, false, true], 1.0));
+        assert!(sets.iter().all(|o| o[0] && o[1]), "{sets:?}");
+        // The prefixes count every float unit: 4 (both candidates), then 3.
+        assert_eq!(s.prefix, [(4, 0.0), (3, 1.0)]);
+        assert_eq!(walked(&s), [(3, true)]);
+    }
+
+    /// `1/8` per quantized unit, in the simulation (exact in binary).
+    fn eighth_per_quantized(off: &[bool]) -> Result<f64, ()> {
+        Ok(0.125 * off.iter().filter(|&&o| !o).count() as f64)
+    }
+
+    #[test]
+    fn a_converted_model_that_misses_the_budget_starts_a_tighter_round_from_its_float_set() {
+        // The converted model adds 1/16 to the simulated error: with at most 3/8, round 1 meets
+        // 3/8 simulated (3 of 10 units quantized) and misses converted (7/16); round 2 aims at
+        // 3/8 * 6/7 and meets it with 2 quantized, 5/16 converted.
+        let first_round_float: std::cell::RefCell<Option<Vec<bool>>> = Default::default();
+        let mut sets_after = vec![];
+        let mut simulated = |off: &[bool]| {
+            if first_round_float.borrow().is_some() {
+                sets_after.push(off.to_vec());
+            }
+            eighth_per_quantized(off)
+        };
+        let mut converted = |off: &[bool]| -> Result<f64, ()> {
+            first_round_float.borrow_mut().get_or_insert_with(|| off.to_vec());
+            Ok(eighth_per_quantized(off)? + 0.0625)
+        };
+        let order: Vec<usize> = (0..10).collect();
+        let found = search_in_rounds(&order, 10, 1.25, 0.375, &mut simulated, &mut converted, &mut |_| {}).unwrap();
+        let r: Vec<(usize, usize)> = found.rounds.iter().map(|r| (r.round, r.units_float)).collect();
+        assert_eq!(r, [(1, 7), (2, 8)]);
+        let (r1, r2) = (found.rounds[0], found.rounds[1]);
+        assert_eq!((r1.max_error_simulated, r1.error_converted), (0.375, 0.4375));
+        assert!((r2.max_error_simulated - 0.375 * 6.0 / 7.0).abs() < 1e-12 && r2.error_converted == 0.3125, "{r2:?}");
+        // Round 2 measured only sets that keep round 1's float units float.
+        let first = first_round_float.into_inner().unwrap();
+        assert!(!sets_after.is_empty() && sets_after.iter().all(|o| (0..10).all(|u| !first[u] || o[u])));
+        assert!(found.prefix.iter().any(|t| t.round == 2) && found.walk_back.iter().all(|&(round, _)| round <= 2));
+    }
+
+    #[test]
+    fn rounds_stop_at_their_limit_when_the_converted_model_never_meets_the_budget() {
+        let mut converted = |_: &[bool]| -> Result<f64, ()> { Ok(1.0) };
+        let order: Vec<usize> = (0..1000).collect();
+        let mut sim = |off: &[bool]| Ok(0.001 * off.iter().filter(|&&o| !o).count() as f64);
+        let found = search_in_rounds(&order, 1000, 1.0, 0.5, &mut sim, &mut converted, &mut |_| {}).unwrap();
+        assert_eq!(found.rounds.len(), MAX_BUDGET_ROUNDS);
+        // Each round aims the simulation at half what the last one reached, as the converted
+        // model missed by a factor of 1 / 0.5; each returns more units to float.
+        for w in found.rounds.windows(2) {
+            assert!((w[1].max_error_simulated - w[0].error_simulated / 2.0).abs() < 1e-12, "{w:?}");
+            assert!(w[1].units_float > w[0].units_float, "{w:?}");
+        }
     }
 }

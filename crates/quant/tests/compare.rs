@@ -96,7 +96,7 @@ import numpy as np, onnx, onnxruntime as ort
 from onnx import numpy_helper
 
 float_path, quant_path, sample_dir, count, names, weight_nodes = sys.argv[1:7]
-names, weight_nodes, count = names.split(","), weight_nodes.split(","), int(count)
+names, weight_nodes, count = names.split(","), [w for w in weight_nodes.split(",") if w], int(count)
 fm, qm = onnx.load(float_path), onnx.load(quant_path)
 
 def fake_quantized(g, name):
@@ -132,6 +132,18 @@ def figures(count, xx, yy, xy, ee):
     return {"sqnr_db": 10 * np.log10(xx / ee), "mse": ee / count, "cosine": xy / np.sqrt(xx * yy), "count": int(count)}
 
 result = {"activations": {n: figures(*sums[n]) for n in names}, "quant_names": dict(zip(names, quant_names)), "weights": {}}
+
+# The quantized model as ONNX Runtime deploys it: default graph optimizations, which fuse the
+# QDQ units into integer kernels; its first graph output against the float model's.
+deployed = ort.InferenceSession(quant_path, providers=["CPUExecutionProvider"])
+out = qm.graph.output[0].name
+acc = np.zeros(5)
+for i in range(count):
+    feed = {"x": np.load(f"{sample_dir}/{i}.npy")}
+    x = fs.run([out], feed)[0].astype(np.float64).ravel()
+    y = deployed.run([out], feed)[0].astype(np.float64).ravel()
+    acc += [x.size, (x * x).sum(), (y * y).sum(), (x * y).sum(), ((x - y) ** 2).sum()]
+result["deployed"] = {out: figures(*acc)}
 
 finits = {t.name: numpy_helper.to_array(t) for t in fm.graph.initializer}
 qinits = {t.name: numpy_helper.to_array(t) for t in qm.graph.initializer}
@@ -226,6 +238,67 @@ fn figures_match_numpy_on_onnx_runtime_runs() {
     }
     let folded = c.weights.iter().find(|w| w.consumer == "conv1" && w.op == "Conv" && w.metrics.count > 6).unwrap();
     assert_ne!(folded.name, "w1", "conv1's weight is compared with the BatchNormalization-folded float weight");
+}
+
+/// `x -> Add(3) -> Clip(0, 6) -> MatMul (float) -> y`, and its QDQ form with the qparams rapidocr's text-line
+/// classifier got for its first hardswish gate (input scale 0.05416667, zero point 114; 3 as
+/// u8 255 with scale 3/255; the Add's output at scale 6/255, zero point 0). An `x` that
+/// quantizes to the zero point lands on 3 = 127.5 output steps: a tie, which the QDQ graph's
+/// float arithmetic rounds to even (128) and ONNX Runtime's integer Add kernel, folding the
+/// zero point into a float offset, rounds to 127. Both are half a step from 3; the MatMul mixes
+/// them with the other values' errors, so the output SQNR tells them apart.
+fn gate_models() -> (Model, Model) {
+    let build = |quantized: bool| {
+        let mut g = Graph::new("g");
+        let x = input(&mut g, "x", &[1, 64]);
+        let constant = |g: &mut Graph, name: &str, t: Tensor| g.add_initializer(name, t).unwrap();
+        let (zero, six) = (constant(&mut g, "zero", Tensor::scalar(0f32)), constant(&mut g, "six", Tensor::scalar(6f32)));
+        let fake_quantized = |g: &mut Graph, v: ValueId, name: &str, scale: f32, zero_point: u8| {
+            let (s, z) = (constant(g, &format!("{name}_scale"), Tensor::scalar(scale)), constant(g, &format!("{name}_zero_point"), Tensor::scalar(zero_point)));
+            let q = op(g, "QuantizeLinear", &format!("{name}_q"), &[v, s, z]);
+            op(g, "DequantizeLinear", &format!("{name}_dq"), &[q, s, z])
+        };
+        let (x, three) = if quantized {
+            let q3 = constant(&mut g, "three_q", Tensor::scalar(255u8));
+            let (s, z) = (constant(&mut g, "three_scale", Tensor::scalar(3.0f32 / 255.0)), constant(&mut g, "three_zero_point", Tensor::scalar(0u8)));
+            (fake_quantized(&mut g, x, "x", 0.054_166_67, 114), op(&mut g, "DequantizeLinear", "three_dq", &[q3, s, z]))
+        } else {
+            (x, constant(&mut g, "three", Tensor::scalar(3f32)))
+        };
+        let mut shifted = op(&mut g, "Add", "add", &[x, three]);
+        if quantized {
+            shifted = fake_quantized(&mut g, shifted, "add_out", 6.0 / 255.0, 0);
+        }
+        let gate = op(&mut g, "Clip", "clip", &[shifted, zero, six]);
+        let w = weight(&mut g, "w", &[64, 8], 70);
+        let y = op(&mut g, "MatMul", "mix", &[gate, w]);
+        g.set_outputs(vec![y]).unwrap();
+        model(g)
+    };
+    (build(false), build(true))
+}
+
+#[test]
+fn outputs_as_deployed_are_onnx_runtime_s_where_integer_kernels_round_differently() {
+    let (float, quant) = gate_models();
+    // Every fourth value quantizes to the zero point.
+    let samples: Samples = (0..4).map(|i| {
+        let v: Vec<f32> = noise(200 + i, 64).iter().enumerate().map(|(k, v)| if k % 4 == 0 { 0.0 } else { v * 12.0 }).collect();
+        vec![("x".to_string(), Tensor::from_vec(&[1, 64], v).unwrap())]
+    }).collect();
+    let c = run_compare(&float, &quant, &samples);
+    let tmp = TempDir::new("compare_deployed");
+    let (fpath, qpath) = (tmp.path().join("float.onnx"), tmp.path().join("quant.onnx"));
+    qforge_onnx::save(&float, &fpath).unwrap();
+    qforge_onnx::save(&quant, &qpath).unwrap();
+    let reference = numpy_reference(tmp.path(), &fpath, &qpath, &samples, &["mix_out"], &[]);
+    let written = c.outputs[0].metrics.sqnr_db;
+    let deployed = c.outputs_as_run.as_ref().expect("the QDQ units lower")[0].metrics.sqnr_db;
+    let (ort_written, ort_deployed) = (reference["activations"]["mix_out"]["sqnr_db"].as_f64().unwrap(), reference["deployed"]["mix_out"]["sqnr_db"].as_f64().unwrap());
+    println!("as written {written:.4} dB (ONNX Runtime without optimizations {ort_written:.4}), as deployed {deployed:.4} dB (ONNX Runtime {ort_deployed:.4})");
+    assert!((written - ort_written).abs() <= SQNR_TOLERANCE_DB, "as written {written} dB, ONNX Runtime {ort_written} dB");
+    assert!((deployed - ort_deployed).abs() <= SQNR_TOLERANCE_DB, "as deployed {deployed} dB, ONNX Runtime {ort_deployed} dB");
+    assert!((written - deployed).abs() > 10.0 * SQNR_TOLERANCE_DB, "the tie must round differently in ONNX Runtime's integer Add for this test to tell the two apart");
 }
 
 #[test]

@@ -137,6 +137,15 @@ fn page_shows_compare_figures_ranges_and_every_float_node() {
         assert!(bar["title"].as_str().unwrap().contains(&t.name), "hover text names the tensor");
     }
     assert!(bars.iter().any(|b| attr(b, "data-name") == format!("conv{HOSTILE}1_out")), "a name with markup characters comes back intact");
+    // The graph outputs as written and as deployed, with compare's figures.
+    for (id, outputs) in [("outputs", &expected.outputs), ("outputs-as-deployed", expected.outputs_as_run.as_ref().expect("the QDQ units lower"))] {
+        let rows = table(&page, id);
+        assert_eq!(rows.len(), outputs.len() + 1, "{id}");
+        for (row, t) in rows[1..].iter().zip(outputs) {
+            let shown: f64 = row[2].parse().unwrap_or_else(|_| panic!("{id}: {row:?}"));
+            assert!((shown - t.metrics.sqnr_db).abs() <= 0.005, "{id}: {row:?} against {} dB", t.metrics.sqnr_db);
+        }
+    }
 
     // Histograms of the lowest-SQNR quantized activations, range lines from scale and zero point.
     let candidates: Vec<_> = compared.iter().filter(|t| t.fake_quantized && report.activations.iter().any(|a| a.value == t.name)).collect();
@@ -205,6 +214,9 @@ fn accuracy_budget_page_has_the_ranking_and_the_decisions() {
         assert_eq!(attr(bar, "data-sqnr"), u.only_quantized_sqnr_db.to_string());
     }
     assert_eq!(table(&page, "budget-decisions").len(), budget.decisions.len() + 1);
+    let rounds = table(&page, "budget-rounds");
+    assert_eq!(rounds.len(), budget.rounds.len() + 1);
+    assert_eq!(rounds.last().unwrap()[4], format!("{:.4e}", budget.error_final));
     assert_eq!(table(&page, "sensitivity-ranking").len(), budget.ranking.len() + 1);
     let float_rows = table(&page, "float-nodes");
     assert!(float_rows.iter().any(|r| r[3] == "AccuracyBudget"), "nodes returned to float by the budget are listed");

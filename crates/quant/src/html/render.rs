@@ -175,8 +175,12 @@ fn sqnr_section(out: &mut String, r: &HtmlReport) {
         let _ = write!(out, "<p class=\"note\">{not_charted} matched activation(s) had no finite element pair to compare and are not drawn.</p>");
     }
     let row = |t: &TensorComparison| vec![qualified(&t.graph, &t.name), t.op.clone(), db(t.metrics.sqnr_db), format!("{:.6}", t.metrics.cosine), format!("{:.3e}", t.metrics.max_abs_error)];
-    out.push_str("<h3>Graph outputs</h3>");
+    out.push_str("<h3>Graph outputs</h3><p class=\"note\">The QDQ graph as written: float arithmetic between each DequantizeLinear and QuantizeLinear, the run every tensor above comes from.</p>");
     table(out, "outputs", &["output", "op", "SQNR dB", "cosine", "max |err|"], &[2, 3, 4], c.outputs.iter().map(row));
+    if let Some(as_run) = &c.outputs_as_run {
+        out.push_str("<p class=\"note\">As deployed: the QDQ units run as integer operators that round as ONNX Runtime's kernels do.</p>");
+        table(out, "outputs-as-deployed", &["output", "op", "SQNR dB", "cosine", "max |err|"], &[2, 3, 4], as_run.iter().map(row));
+    }
     out.push_str("<h3>Lowest SQNR</h3>");
     table(out, "worst", &["tensor", "op", "SQNR dB", "cosine", "max |err|"], &[2, 3, 4], c.worst(10).into_iter().map(row));
 }
@@ -274,9 +278,15 @@ fn sensitivity_section(out: &mut String, budget: Option<&BudgetOutcome>) {
         return;
     };
     let to_db = |e: f64| -20.0 * e.log10();
-    let _ = write!(out, "<p>Accuracy budget: {} at most {:.4e} ({:.2} dB). Every group quantized: {:.4e} ({:.2} dB); after {} measurement(s): {:.4e} ({:.2} dB), {} of {} groups float; {} ({:.1} s).</p>",
-        escape(&b.metric), b.max_error, to_db(b.max_error), b.error_all_quantized, to_db(b.error_all_quantized), b.prefix_search.len() + b.decisions.len(), b.error_final, to_db(b.error_final),
-        b.units_float, b.units, if b.met { "met" } else { "NOT met even with every ranked group float" }, b.seconds);
+    let _ = write!(out, "<p>Accuracy budget: {} at most {:.4e} ({:.2} dB). Every group quantized: {:.4e} ({:.2} dB, in the Q/DQ simulation); after {} measurement(s) in {} round(s), the converted model run as integer operators: {:.4e} ({:.2} dB), {} of {} groups float; {} ({:.1} s).</p>",
+        escape(&b.metric), b.max_error, to_db(b.max_error), b.error_all_quantized, to_db(b.error_all_quantized), b.prefix_search.len() + b.decisions.len(), b.rounds.len(), b.error_final, to_db(b.error_final),
+        b.units_float, b.units, if b.met { "met" } else { "NOT met" }, b.seconds);
+    if !b.rounds.is_empty() {
+        out.push_str("<p>Each round searches in the Q/DQ simulation, then measures the converted model; when that misses the budget, the next round aims the simulation lower by the ratio it missed by.</p>");
+        table(out, "budget-rounds", &["round", "simulated error at most", "groups float", "simulated error", "converted error", "converted dB"], &[0, 2, 3, 4, 5], b.rounds.iter().map(|r| vec![
+            r.round.to_string(), format!("{:.4e}", r.max_error_simulated), r.units_float.to_string(), format!("{:.4e}", r.error_simulated), format!("{:.4e}", r.error_converted), format!("{:.2}", to_db(r.error_converted)),
+        ]));
+    }
     const RANKS_CHARTED: usize = 40;
     let ranked: Vec<_> = b.ranking.iter().take(RANKS_CHARTED).collect();
     let finite = ranked.iter().map(|u| u.only_quantized_sqnr_db).filter(|v| v.is_finite());
@@ -290,16 +300,16 @@ fn sensitivity_section(out: &mut String, budget: Option<&BudgetOutcome>) {
     out.push_str(&chart.finish());
     if !b.prefix_search.is_empty() {
         out.push_str("<p>The fewest most sensitive groups whose return to float meets the budget, searched by bisection:</p>");
-        table(out, "budget-prefix", &["step", "groups float", "error"], &[0, 1, 2], b.prefix_search.iter().enumerate().map(|(i, t)| vec![
-            (i + 1).to_string(), t.units_float.to_string(), format!("{:.4e}", t.error),
+        table(out, "budget-prefix", &["step", "round", "groups float", "error"], &[0, 1, 2, 3], b.prefix_search.iter().enumerate().map(|(i, t)| vec![
+            (i + 1).to_string(), t.round.to_string(), t.units_float.to_string(), format!("{:.4e}", t.error),
         ]));
     }
     const DECISIONS_SHOWN_OPEN: usize = 20;
     let kept = b.decisions.iter().filter(|d| d.kept_float).count();
     let open = if b.decisions.len() <= DECISIONS_SHOWN_OPEN { " open=\"open\"" } else { "" };
     let _ = write!(out, "<details{open}><summary>Walk back over those groups, least sensitive first: {} tried quantized again, {kept} kept float</summary>", b.decisions.len());
-    table(out, "budget-decisions", &["step", "unit", "values", "ops", "error float", "error quantized", "outcome"], &[0, 4, 5], b.decisions.iter().enumerate().map(|(i, d)| vec![
-        (i + 1).to_string(), format!("{} #{}", d.unit.kind, d.unit.id), d.unit.values.join(", "), d.unit.ops.join(", "),
+    table(out, "budget-decisions", &["step", "round", "unit", "values", "ops", "error float", "error quantized", "outcome"], &[0, 1, 5, 6], b.decisions.iter().enumerate().map(|(i, d)| vec![
+        (i + 1).to_string(), d.round.to_string(), format!("{} #{}", d.unit.kind, d.unit.id), d.unit.values.join(", "), d.unit.ops.join(", "),
         format!("{:.4e}", d.error_float), format!("{:.4e}", d.error_quantized), if d.kept_float { "kept float" } else { "quantized again" }.to_string(),
     ]));
     out.push_str("</details>");
