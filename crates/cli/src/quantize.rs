@@ -362,7 +362,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
             "pair_sum_reach_exceeded": report.pair_sum_reach_exceeded,
             "accuracy_budget": report.accuracy_budget.as_ref().map(|b| serde_json::json!({
                 "metric": b.metric, "max_error": b.max_error, "error_all_quantized": b.error_all_quantized, "error_final": b.error_final,
-                "met": b.met, "units": b.units, "units_float": b.units_float, "rounds": b.rounds, "prefix_search": b.prefix_search, "decisions": b.decisions,
+                "met": b.met, "units": b.units, "units_float": b.units_float, "weights_following": b.weights_following, "rounds": b.rounds, "prefix_search": b.prefix_search, "decisions": b.decisions,
             })),
             "calibration_seconds": report.calibration_seconds, "total_seconds": report.total_seconds,
             "lowering": report.lowering,
@@ -438,6 +438,9 @@ fn budget_summary(b: &BudgetOutcome) -> String {
     }
     for d in b.decisions.iter().filter(|d| d.kept_float) {
         s += &format!("  float {} #{} [{}] ({}): {:.4e}, quantized {:.4e}\n", d.unit.kind, d.unit.id, d.unit.values.join(", "), d.unit.ops.join(", "), d.error_float, d.error_quantized);
+    }
+    for w in &b.weights_following {
+        s += &format!("  float {} #{} [{}] ({}): with the activation it multiplies (ONNX Runtime would quantize a float activation read with an 8-bit weight at run time)\n", w.kind, w.id, w.values.join(", "), w.ops.join(", "));
     }
     s
 }

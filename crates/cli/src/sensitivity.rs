@@ -73,7 +73,8 @@ fn db(v: f64) -> String {
 /// The ranking table, most sensitive first.
 fn render(s: &Sensitivity, args: &SensitivityArgs) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{}: {} group(s) on {} sample(s) in {:.1} s; every group quantized: lowest output SQNR {} dB",
+    let deployed = s.all_quantized_as_deployed_sqnr_db.map(|v| format!(" ({} dB as deployed: QDQ units as integer operators, rounding as ONNX Runtime does)", db(v))).unwrap_or_default();
+    let _ = writeln!(out, "{}: {} group(s) on {} sample(s) in {:.1} s; every group quantized: lowest output SQNR {} dB{deployed}",
         args.model.display(), s.ranking.len(), s.samples, s.seconds, db(s.all_quantized_sqnr_db));
     let _ = writeln!(out, "most sensitive first (SQNR: the lowest over the graph outputs, against the float model)\n");
     let cell = |v: &[String]| {

@@ -44,6 +44,8 @@ fn json_ranks_every_group_and_matches_compare() {
     let cmp = json(&qforge(&["compare".as_ref(), model.as_os_str(), out.as_os_str(), "--data".as_ref(), calib.as_os_str(), "--json".as_ref()]));
     let (ours, theirs) = (db(&doc["all_quantized_sqnr_db"]), db(&cmp["outputs"][0]["sqnr_db"]));
     assert!((ours - theirs).abs() < 1e-6, "sensitivity says {ours} dB with every group quantized, compare says {theirs} dB");
+    let (ours, theirs) = (db(&doc["all_quantized_as_deployed_sqnr_db"]), db(&cmp["outputs_as_run"][0]["sqnr_db"]));
+    assert!((ours - theirs).abs() < 1e-6, "sensitivity says {ours} dB as deployed, compare says {theirs} dB");
 }
 
 #[test]

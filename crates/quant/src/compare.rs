@@ -221,7 +221,7 @@ fn db_list<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(v.iter().map(|&x| Db(x)))
 }
 
-fn db_option<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn db_option<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
     match v {
         Some(x) => db(x, s),
         None => s.serialize_none(),

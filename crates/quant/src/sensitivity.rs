@@ -35,7 +35,7 @@ use qforge_runtime::{Folding, Hooks, NodeEvent, RunValues, Session, SessionOptio
 use serde::Serialize;
 
 use crate::annotation::FloatKind;
-use crate::compare::{db, graph_index, Metrics, Sums};
+use crate::compare::{db, db_option, graph_index, Metrics, Sums};
 use crate::convert::{ConvertLog, Dequantized};
 use crate::pipeline::{calibrate, convert, convert_logged, Calibrated, QuantizeError, QuantizeOptions, SampleSource};
 use crate::prepare::{defining_value, edge_value, qtype_of, resolve};
@@ -133,6 +133,14 @@ pub struct Sensitivity {
     /// The lowest output SQNR with every unit quantized.
     #[serde(serialize_with = "db")]
     pub all_quantized_sqnr_db: f64,
+    /// The converted model as it deploys, its QDQ units run as integer operators that round
+    /// as ONNX Runtime's kernels do, against the float model (`None` when nothing lowers).
+    /// The figures above and the ranking come from the QDQ graph's float arithmetic, which
+    /// rounds a few values differently.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_quantized_as_deployed: Option<Vec<OutputError>>,
+    #[serde(serialize_with = "db_option", skip_serializing_if = "Option::is_none")]
+    pub all_quantized_as_deployed_sqnr_db: Option<f64>,
     /// The units, most sensitive first: lowest "only quantized" SQNR, ties broken by the
     /// highest "only float" SQNR.
     pub ranking: Vec<UnitSensitivity>,
@@ -448,6 +456,8 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
     let measured: Vec<usize> = (0..units.len()).filter(|&u| !board.dirty[u].is_empty()).collect();
     let names: Vec<String> = board.session.output_names().iter().map(|s| s.to_string()).collect();
     let mut all_quantized = OutputSums::new(names.len());
+    let deployed = Session::with_options(&qdq, SessionOptions { threads }).map_err(|e| SensitivityError::Model(e.to_string()))?;
+    let mut as_deployed = deployed.qdq_lowering().is_some().then(|| OutputSums::new(names.len()));
     let mut only_quantized = vec![OutputSums::new(names.len()); units.len()];
     let mut only_float = vec![OutputSums::new(names.len()); units.len()];
     let (all_on, all_off) = (vec![false; units.len()], vec![true; units.len()]);
@@ -455,6 +465,9 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
         let fail = sample_error(samples, i);
         let feed = samples.load(i).map_err(&fail)?;
         let (float_out, float_run) = board.run_keeping(feed.clone(), &all_off).map_err(&fail)?;
+        if let Some(sums) = &mut as_deployed {
+            sums.add(&float_out, &deployed.run(feed.clone()).map_err(|e| fail(format!("the converted model failed: {e}")))?);
+        }
         let (quant_out, quant_run) = board.run_keeping(feed, &all_on).map_err(&fail)?;
         all_quantized.add(&float_out, &quant_out);
         let next = AtomicUsize::new(0);
@@ -506,10 +519,13 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
         format!("{} {}: the converted model has no Q/DQ for it", r.kind, r.values.join(", "))
     }).collect();
     let all_quantized = all_quantized.errors(&names);
+    let all_quantized_as_deployed = as_deployed.map(|s| s.errors(&names));
     let sensitivity = Sensitivity {
         samples: samples.len(),
         all_quantized_sqnr_db: lowest_sqnr(&all_quantized),
         all_quantized,
+        all_quantized_as_deployed_sqnr_db: all_quantized_as_deployed.as_deref().map(lowest_sqnr),
+        all_quantized_as_deployed,
         ranking,
         not_measured,
         seconds: started.elapsed().as_secs_f64(),
@@ -605,6 +621,8 @@ pub struct BudgetRound {
     pub max_error_simulated: f64,
     pub error_simulated: f64,
     pub error_converted: f64,
+    /// Units float in the converted model: the search's, and the weights that follow their
+    /// MatMul or Gemm activation to float.
     pub units_float: usize,
 }
 
@@ -622,6 +640,9 @@ pub struct BudgetOutcome {
     /// Units measured, and units returned to float.
     pub units: usize,
     pub units_float: usize,
+    /// The weights returned to float with the MatMul or Gemm activation they multiply, among
+    /// `units_float` (see [`quantize_within_budget`]).
+    pub weights_following: Vec<UnitRecord>,
     /// The rounds of search and measurement of the converted model.
     pub rounds: Vec<BudgetRound>,
     /// The prefix searches, in the order measured.
@@ -667,7 +688,10 @@ pub const EVALUATION_ELEMENTS: usize = 1 << 20;
 /// integer operators); when it misses the budget, the search continues from that set for a
 /// simulated error as much smaller as the converted model's is too large, at most
 /// [`MAX_BUDGET_ROUNDS`] rounds ([`BudgetRound`]). The budget is met when the converted model
-/// meets it.
+/// meets it. An activation returned to float takes with it the weights of the MatMul and Gemm
+/// nodes that read it, in every measurement and in the model written: ONNX Runtime runs a
+/// float activation with an 8-bit weight as MatMulNBits, which quantizes the activation at
+/// run time.
 ///
 /// Each unit returned to float loses its annotated edges, so convert emits no Q/DQ for it; the
 /// nodes it touched are reported float with [`FloatKind::AccuracyBudget`]. The report's
@@ -683,7 +707,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         // Nothing is quantized, so the outputs are the float model's: the budget holds.
         let outcome = BudgetOutcome {
             metric: budget.metric.clone(), max_error: budget.max_error, error_all_quantized: 0.0, error_final: 0.0, met: true,
-            units: 0, units_float: 0, rounds: vec![], prefix_search: vec![], decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
+            units: 0, units_float: 0, weights_following: vec![], rounds: vec![], prefix_search: vec![], decisions: vec![], ranking: vec![], seconds: started.elapsed().as_secs_f64(),
         };
         let (m, mut report) = convert(c)?;
         report.accuracy_budget = Some(outcome);
@@ -705,10 +729,22 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     for (name, feed) in &measured {
         float_outputs.push(board.run(feed.clone(), &vec![true; units.len()]).map_err(failed(name))?);
     }
+    // A set the search measures, with the weights that return to float with its activations.
+    let followers = weights_following(&c, &units);
+    let with_followers = |off: &[bool]| -> Vec<bool> {
+        let mut all = off.to_vec();
+        for u in (0..off.len()).filter(|&u| off[u]) {
+            for &w in &followers[u] {
+                all[w] = true;
+            }
+        }
+        all
+    };
     let measure = |off: &[bool]| -> Result<f64, SensitivityError> {
+        let off = with_followers(off);
         let mut outputs = vec![];
         for ((name, feed), float) in measured.iter().zip(&float_outputs) {
-            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed.clone(), off).map_err(failed(name))? });
+            outputs.push(SampleOutputs { float: float.clone(), trial: board.run(feed.clone(), &off).map_err(failed(name))? });
         }
         Ok((budget.error)(&outputs))
     };
@@ -718,13 +754,15 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
     let mut float_now = vec![false; units.len()];
     let mut written = None;
     let found = search_in_rounds(&order, units.len(), error_all_quantized, budget.max_error, &mut |off| measure(off), &mut |off| {
+        let off = with_followers(off);
         let newly_float: Vec<usize> = (0..off.len()).filter(|&u| off[u] && !float_now[u]).collect();
         keep_units_float(&mut c, &newly_float);
-        float_now = off.to_vec();
+        float_now = off;
+        let units_float = float_now.iter().filter(|&&o| o).count();
         let (m, report) = convert(c.clone())?;
         let error = measure_model(&m, &measured, &float_outputs, budget, opts.threads)?;
         written = Some((m, report));
-        Ok(error)
+        Ok((error, units_float))
     }, &mut |event| match event {
         RoundEvent::Measured(error) => {
             steps += 1;
@@ -743,6 +781,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         met: last.error_converted <= budget.max_error,
         units: analysis.ranking.len(),
         units_float: last.units_float,
+        weights_following: with_followers(&found.off).iter().zip(&found.off).enumerate().filter(|(_, (&all, &searched))| all && !searched).map(|(u, _)| record(u)).collect(),
         rounds: found.rounds,
         prefix_search: found.prefix,
         decisions: found.walk_back.iter().map(|&(round, t)| BudgetDecision { round, unit: record(t.unit), error_float: t.error_float, error_quantized: t.error_quantized, kept_float: t.kept_float }).collect(),
@@ -763,6 +802,8 @@ enum RoundEvent {
 /// What [`search_in_rounds`] found: each round, and every measurement of the searches.
 #[derive(Debug, Clone, PartialEq)]
 struct RoundsFound {
+    /// The last round's float set.
+    off: Vec<bool>,
     rounds: Vec<BudgetRound>,
     prefix: Vec<PrefixTrial>,
     /// `(round, trial)`.
@@ -772,14 +813,15 @@ struct RoundsFound {
 /// The accuracy budget's rounds over `units` units ranked in `order`, from every unit quantized
 /// (simulated error `error_all_quantized`): each round searches ([`return_to_float`], with
 /// `simulated` measuring a float set) from the float set the previous round left, then
-/// `converted` measures the model converted with that set. The rounds end when the converted
+/// `converted` measures the model converted with that set (its error, and how many units it
+/// has float). The rounds end when the converted
 /// model meets `max_error`, when the search cannot meet its own target, when every unit is
 /// float, or after [`MAX_BUDGET_ROUNDS`]. Otherwise the converted model's error is taken to
 /// keep its ratio to the simulated one, so the next round aims the simulation at
 /// `max_error * simulated / converted`, below the simulated error it has.
-fn search_in_rounds<E>(order: &[usize], units: usize, error_all_quantized: f64, max_error: f64, simulated: &mut dyn FnMut(&[bool]) -> Result<f64, E>, converted: &mut dyn FnMut(&[bool]) -> Result<f64, E>, event: &mut dyn FnMut(RoundEvent)) -> Result<RoundsFound, E> {
+fn search_in_rounds<E>(order: &[usize], units: usize, error_all_quantized: f64, max_error: f64, simulated: &mut dyn FnMut(&[bool]) -> Result<f64, E>, converted: &mut dyn FnMut(&[bool]) -> Result<(f64, usize), E>, event: &mut dyn FnMut(RoundEvent)) -> Result<RoundsFound, E> {
     let (mut off, mut error) = (vec![false; units], error_all_quantized);
-    let mut found = RoundsFound { rounds: vec![], prefix: vec![], walk_back: vec![] };
+    let mut found = RoundsFound { off: vec![], rounds: vec![], prefix: vec![], walk_back: vec![] };
     let mut target = max_error;
     loop {
         let round = found.rounds.len() + 1;
@@ -787,13 +829,13 @@ fn search_in_rounds<E>(order: &[usize], units: usize, error_all_quantized: f64, 
         found.prefix.extend(search.prefix.iter().map(|&(units_float, error)| PrefixTrial { round, units_float, error }));
         found.walk_back.extend(search.walk_back.iter().map(|&t| (round, t)));
         (off, error) = (search.off, search.error);
-        let error_converted = converted(&off)?;
-        let units_float = off.iter().filter(|&&o| o).count();
+        let (error_converted, units_float) = converted(&off)?;
         let r = BudgetRound { round, max_error_simulated: target, error_simulated: error, error_converted, units_float };
         found.rounds.push(r);
         event(RoundEvent::Converted(r));
         let settled = error_converted <= max_error || error > target || units_float == units || round == MAX_BUDGET_ROUNDS || !(error_converted.is_finite() && error_converted > 0.0);
         if settled {
+            found.off = off;
             return Ok(found);
         }
         target = max_error * error / error_converted;
@@ -898,6 +940,34 @@ fn return_to_float<E>(order: &[usize], start: &[bool], error: f64, max_error: f6
     }
     (search.off, search.error) = (off, error);
     Ok(search)
+}
+
+/// For each unit, the weight units that return to float with it: for an activation unit, the
+/// quantized weights of the MatMul and Gemm nodes that read it. ONNX Runtime runs a MatMul or
+/// Gemm whose activation is float and whose weight is an 8-bit DequantizeLinear as
+/// MatMulNBits, which quantizes that activation to int8 at run time (blocks of 32 along K,
+/// accuracy level 4): with its weight quantized, an activation returned to float would not
+/// be float where it matters. A Conv runs its float activation with the dequantized weight.
+fn weights_following(c: &Calibrated, units: &[Unit]) -> Vec<Vec<usize>> {
+    let all = c.model.graph.graphs();
+    let index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, &u)| (u, i)).collect();
+    units.iter().map(|&u| {
+        let Unit::Activation { group } = u else { return vec![] };
+        let mut weights = vec![];
+        for (gi, (_, g)) in all.iter().enumerate() {
+            for e in group_edges(c, g, gi, group) {
+                let Edge::Input { node, index: read } = e else { continue };
+                if !g.node(node).is_ok_and(|n| matches!(n.op_type.as_str(), "MatMul" | "Gemm")) {
+                    continue;
+                }
+                let inputs = g.node(node).map(|n| n.inputs.len()).unwrap_or(0);
+                weights.extend((0..inputs).filter(|&i| i != read).filter_map(|input| index.get(&Unit::Constant { graph: gi, node, input }).copied()));
+            }
+        }
+        weights.sort();
+        weights.dedup();
+        weights
+    }).collect()
 }
 
 /// Returns the units `ids` (as [`UnitRecord::id`] numbers them) to float in `c`: their annotated
@@ -1070,9 +1140,9 @@ mod tests {
             }
             eighth_per_quantized(off)
         };
-        let mut converted = |off: &[bool]| -> Result<f64, ()> {
+        let mut converted = |off: &[bool]| -> Result<(f64, usize), ()> {
             first_round_float.borrow_mut().get_or_insert_with(|| off.to_vec());
-            Ok(eighth_per_quantized(off)? + 0.0625)
+            Ok((eighth_per_quantized(off)? + 0.0625, off.iter().filter(|&&o| o).count()))
         };
         let order: Vec<usize> = (0..10).collect();
         let found = search_in_rounds(&order, 10, 1.25, 0.375, &mut simulated, &mut converted, &mut |_| {}).unwrap();
@@ -1089,7 +1159,7 @@ mod tests {
 
     #[test]
     fn rounds_stop_at_their_limit_when_the_converted_model_never_meets_the_budget() {
-        let mut converted = |_: &[bool]| -> Result<f64, ()> { Ok(1.0) };
+        let mut converted = |off: &[bool]| -> Result<(f64, usize), ()> { Ok((1.0, off.iter().filter(|&&o| o).count())) };
         let order: Vec<usize> = (0..1000).collect();
         let mut sim = |off: &[bool]| Ok(0.001 * off.iter().filter(|&&o| !o).count() as f64);
         let found = search_in_rounds(&order, 1000, 1.0, 0.5, &mut sim, &mut converted, &mut |_| {}).unwrap();

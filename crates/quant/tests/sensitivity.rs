@@ -57,7 +57,8 @@ fn outlier_model(outlier: f32) -> Model {
 }
 
 /// The SQNR of `q`'s first output against `model`'s, both run by ONNX Runtime on the four
-/// [`Seeded`] samples.
+/// [`Seeded`] samples, `q` as ONNX Runtime deploys it (its QDQ units fused into integer
+/// kernels).
 fn ort_sqnr_db(model: &Model, q: &Model) -> f64 {
     let tmp = TempDir::new("budget");
     let (fp, qp) = (tmp.path().join("f.onnx"), tmp.path().join("q.onnx"));
@@ -66,7 +67,7 @@ fn ort_sqnr_db(model: &Model, q: &Model) -> f64 {
     let (mut xx, mut ee) = (0f64, 0f64);
     for i in 0..4 {
         let feed = Seeded(4).load(i).unwrap();
-        let (f, g) = (ort_run_with(&fp, &feed, 1, false), ort_run_with(&qp, &feed, 1, false));
+        let (f, g) = (ort_run_with(&fp, &feed, 1, false), ort_run_with(&qp, &feed, 1, true));
         for (a, b) in f[0].1.as_slice::<f32>().unwrap().iter().zip(g[0].1.as_slice::<f32>().unwrap()) {
             xx += (*a as f64).powi(2);
             ee += (*a as f64 - *b as f64).powi(2);
@@ -103,6 +104,10 @@ fn a_switched_off_unit_equals_the_model_converted_with_it_float() {
     let model = outlier_model(1.0);
     let c = calibrate(&model, &quantizer(), &Seeded(4), &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
     let s = analyze(&c, &Seeded(4), 1, &mut |_, _, _, _| {}).unwrap();
+    // Every unit quantized, as deployed: ONNX Runtime's figure for the converted model.
+    let (all, _) = convert(c.clone()).unwrap();
+    let (deployed, ort_deployed) = (s.all_quantized_as_deployed_sqnr_db.expect("the QDQ units lower"), ort_sqnr_db(&model, &all));
+    assert!((deployed - ort_deployed).abs() < 0.01, "as deployed {deployed} dB, ONNX Runtime {ort_deployed} dB");
     let tmp = TempDir::new("sensitivity");
     let float_path = tmp.path().join("float.onnx");
     qforge_onnx::save(&model, &float_path).unwrap();
@@ -216,9 +221,16 @@ fn errors_compounding_over_layers_are_met_by_returning_every_layer_that_needs_it
     let mut wides: Vec<&str> = float.iter().map(String::as_str).filter(|v| v.starts_with("wide")).collect();
     wides.sort();
     assert_eq!(wides, ["wide1", "wide2", "wide3", "wide4"], "units kept float: {float:?}");
-    assert_eq!(b.units_float, float.len());
+    // The weights of the MatMuls reading those activations return to float with them: ONNX
+    // Runtime would run each float activation with its 8-bit weight as MatMulNBits, quantizing
+    // the activation, with its 1000x channel, to int8 at run time.
+    let mut following: Vec<String> = b.weights_following.iter().map(|w| w.values.join(",")).collect();
+    following.sort();
+    assert_eq!(following, ["wide2.w", "wide3.w", "wide4.w", "y.w"]);
+    assert_eq!(b.units_float, float.len() + following.len());
     assert!(b.units_float < b.units, "{} of {} float", b.units_float, b.units);
-    // ONNX Runtime runs the written model within the budget on the same samples.
+    // ONNX Runtime, its QDQ fusions on, runs the written model within the budget on the same
+    // samples.
     let ort_db = ort_sqnr_db(&model, &q);
     assert!(ort_db >= 25.0 - 0.01, "ONNX Runtime: {ort_db} dB");
 }

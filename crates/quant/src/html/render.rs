@@ -313,6 +313,10 @@ fn sensitivity_section(out: &mut String, budget: Option<&BudgetOutcome>) {
         format!("{:.4e}", d.error_float), format!("{:.4e}", d.error_quantized), if d.kept_float { "kept float" } else { "quantized again" }.to_string(),
     ]));
     out.push_str("</details>");
+    if !b.weights_following.is_empty() {
+        let _ = write!(out, "<p id=\"budget-weights-following\">Returned to float with the activation they multiply (ONNX Runtime would quantize a float activation read with an 8-bit MatMul or Gemm weight at run time): {}.</p>",
+            b.weights_following.iter().map(|w| escape(&format!("{} #{} [{}]", w.kind, w.id, w.values.join(", ")))).collect::<Vec<_>>().join("; "));
+    }
     let _ = write!(out, "<details><summary>Full ranking ({} units)</summary>", b.ranking.len());
     table(out, "sensitivity-ranking", &["rank", "unit", "values", "ops", "only quantized dB", "only float dB"], &[0, 4, 5], b.ranking.iter().enumerate().map(|(i, u)| vec![
         (i + 1).to_string(), format!("{} #{}", u.unit.kind, u.unit.id), u.unit.values.join(", "), u.unit.ops.join(", "), db(u.only_quantized_sqnr_db), db(u.only_float_sqnr_db),
