@@ -65,6 +65,40 @@ fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId,
     (constant && u8_activation).then_some((op, x, w, w_zp))
 }
 
+/// The MatMul and Gemm nodes of `folded` ([`folded`]; subgraphs included) that read a float
+/// activation (not the output of a DequantizeLinear) and a weight dequantized from an 8- or
+/// 4-bit initializer, and whose output no QuantizeLinear reads. ONNX Runtime (1.31) runs each as MatMulNBits with accuracy level 4 (unless
+/// its scale is an initializer equal to another node's, which it merges): it quantizes the
+/// activation to int8 at run time, in blocks of 32 along K, so its results leave the ONNX
+/// semantics that qforge's runtime computes.
+fn weight_only_matmuls(folded: &Model) -> Vec<Json> {
+    let mut found = vec![];
+    let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
+    while let Some((g, path)) = stack.pop() {
+        for (id, n) in g.nodes() {
+            for (attr, sub) in n.subgraphs() {
+                let here = format!("{}.{attr}", n.display_name(id));
+                stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
+            }
+            if !(n.domain.is_empty() && matches!(n.op_type.as_str(), "MatMul" | "Gemm")) {
+                continue;
+            }
+            let dequantized = |v: Option<ValueId>| v.and_then(|v| g.producer(v)).and_then(|(p, _)| g.node(p).ok()).filter(|p| p.op_type == "DequantizeLinear");
+            let (Some(a), Some(dq)) = (n.input(0), dequantized(n.input(1))) else { continue };
+            let low_bit = dq.input(0).and_then(|w| g.value(w).ok()?.initializer().map(|t| t.dtype()))
+                .is_some_and(|d| matches!(d, DType::I8 | DType::U8 | DType::I4 | DType::U4));
+            let float_activation = dequantized(Some(a)).is_none() && g.value(a).ok().and_then(|v| v.ty.as_ref()?.elem()).is_none_or(|d| d == DType::F32);
+            let quantized_output = n.output(0).is_some_and(|o| g.consumers(o).iter().any(|&(c, _)| g.node(c).is_ok_and(|c| c.op_type == "QuantizeLinear")));
+            if low_bit && float_activation && !quantized_output {
+                let weight = dq.input(0).map(|w| g.value_name(w)).unwrap_or_default();
+                let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
+                found.push(json!({ "node": node, "op": n.op_type, "weight": weight }));
+            }
+        }
+    }
+    found
+}
+
 /// The float value quantized into the u8 activation `x`: the input of the QuantizeLinear that
 /// produces it, when one does.
 fn quantized_from(g: &Graph, x: ValueId) -> Option<String> {
@@ -241,6 +275,7 @@ fn report(model: &Model, folded: &Model, path: &Path, measured: Option<&Measured
             "functions": model.functions.iter().map(|f| format!("{}::{}", f.domain, f.name)).collect::<Vec<_>>(),
             "unsupported_ops": w.unsupported,
             "u8s8_pair_sums": sums,
+            "weight_only_matmuls": weight_only_matmuls(folded),
     })
 }
 
@@ -306,6 +341,17 @@ fn print_text(j: &Json) {
         match measured {
             Some((n, data)) => println!("pair sums  all {weights} u8 x s8 weights fit ONNX Runtime's 16-bit pair sums for the activations {n} sample(s) of {data} give (exact on x86 CPUs without VNNI for them)"),
             None => println!("pair sums  all {weights} u8 x s8 weights fit ONNX Runtime's 16-bit pair sums (exact on x86 CPUs without VNNI too)"),
+        }
+    }
+    let weight_only = j["weight_only_matmuls"].as_array().unwrap();
+    if !weight_only.is_empty() {
+        println!("warning    {} MatMul/Gemm node(s) read a float activation with an 8- or 4-bit weight: ONNX Runtime runs such a node as MatMulNBits, \
+            quantizing that activation to int8 at run time (blocks of 32, accuracy level 4), so there its results leave the ONNX semantics qforge's runtime computes:", weight_only.len());
+        for w in weight_only.iter().take(5) {
+            println!("  {:<28} {} '{}'", w["node"].as_str().unwrap_or(""), w["op"].as_str().unwrap_or(""), w["weight"].as_str().unwrap_or(""));
+        }
+        if weight_only.len() > 5 {
+            println!("  ... {} more (--json lists them all)", weight_only.len() - 5);
         }
     }
     let unsupported = j["unsupported_ops"].as_object().unwrap();
