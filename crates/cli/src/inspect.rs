@@ -73,29 +73,22 @@ fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId,
 /// semantics that qforge's runtime computes.
 fn weight_only_matmuls(folded: &Model) -> Vec<Json> {
     let mut found = vec![];
-    let mut stack: Vec<(&Graph, String)> = vec![(&folded.graph, String::new())];
-    while let Some((g, path)) = stack.pop() {
-        for (id, n) in g.nodes() {
-            for (attr, sub) in n.subgraphs() {
-                let here = format!("{}.{attr}", n.display_name(id));
-                stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
-            }
-            if !(n.domain.is_empty() && matches!(n.op_type.as_str(), "MatMul" | "Gemm")) {
-                continue;
-            }
-            let dequantized = |v: Option<ValueId>| v.and_then(|v| g.producer(v)).and_then(|(p, _)| g.node(p).ok()).filter(|p| p.op_type == "DequantizeLinear");
-            let (Some(a), Some(dq)) = (n.input(0), dequantized(n.input(1))) else { continue };
-            let low_bit = dq.input(0).and_then(|w| g.value(w).ok()?.initializer().map(|t| t.dtype()))
-                .is_some_and(|d| matches!(d, DType::I8 | DType::U8 | DType::I4 | DType::U4));
-            let float_activation = dequantized(Some(a)).is_none() && g.value(a).ok().and_then(|v| v.ty.as_ref()?.elem()).is_none_or(|d| d == DType::F32);
-            let quantized_output = n.output(0).is_some_and(|o| g.consumers(o).iter().any(|&(c, _)| g.node(c).is_ok_and(|c| c.op_type == "QuantizeLinear")));
-            if low_bit && float_activation && !quantized_output {
-                let weight = dq.input(0).map(|w| g.value_name(w)).unwrap_or_default();
-                let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
-                found.push(json!({ "node": node, "op": n.op_type, "weight": weight }));
-            }
+    visit_nodes(folded, &mut |path, g, id, n| {
+        if !(n.domain.is_empty() && matches!(n.op_type.as_str(), "MatMul" | "Gemm")) {
+            return;
         }
-    }
+        let dequantized = |v: Option<ValueId>| v.and_then(|v| g.producer(v)).and_then(|(p, _)| g.node(p).ok()).filter(|p| p.op_type == "DequantizeLinear");
+        let (Some(a), Some(dq)) = (n.input(0), dequantized(n.input(1))) else { return };
+        let low_bit = dq.input(0).and_then(|w| g.value(w).ok()?.initializer().map(|t| t.dtype()))
+            .is_some_and(|d| matches!(d, DType::I8 | DType::U8 | DType::I4 | DType::U4));
+        let float_activation = dequantized(Some(a)).is_none() && g.value(a).ok().and_then(|v| v.ty.as_ref()?.elem()).is_none_or(|d| d == DType::F32);
+        let quantized_output = n.output(0).is_some_and(|o| g.consumers(o).iter().any(|&(c, _)| g.node(c).is_ok_and(|c| c.op_type == "QuantizeLinear")));
+        if low_bit && float_activation && !quantized_output {
+            let weight = dq.input(0).map(|w| g.value_name(w)).unwrap_or_default();
+            let node = if path.is_empty() { n.display_name(id) } else { format!("{path} > {}", n.display_name(id)) };
+            found.push(json!({ "node": node, "op": n.op_type, "weight": weight }));
+        }
+    });
     found
 }
 
@@ -161,9 +154,9 @@ pub(crate) fn folded(model: &Model) -> Model {
     folded
 }
 
-/// Calls `f(path, graph, node id, node, (op, activation, weight, weight zero point))` for every
-/// node of `model` and its subgraphs that has an ONNX Runtime u8 x s8 kernel ([`u8s8_operands`]).
-fn visit_u8s8(model: &Model, f: &mut dyn FnMut(&str, &Graph, qforge_ir::NodeId, &Node, (&'static str, ValueId, ValueId, Option<ValueId>))) {
+/// Calls `f(path, graph, node id, node)` for every node of `model` and its subgraphs (`path`:
+/// the owning nodes and attributes, `a.body > b.then_branch`; empty in the main graph).
+fn visit_nodes(model: &Model, f: &mut dyn FnMut(&str, &Graph, qforge_ir::NodeId, &Node)) {
     let mut stack: Vec<(&Graph, String)> = vec![(&model.graph, String::new())];
     while let Some((g, path)) = stack.pop() {
         for (id, n) in g.nodes() {
@@ -171,11 +164,19 @@ fn visit_u8s8(model: &Model, f: &mut dyn FnMut(&str, &Graph, qforge_ir::NodeId, 
                 let here = format!("{}.{attr}", n.display_name(id));
                 stack.push((sub, if path.is_empty() { here } else { format!("{path} > {here}") }));
             }
-            if let Some(operands) = u8s8_operands(g, n) {
-                f(&path, g, id, n, operands);
-            }
+            f(&path, g, id, n);
         }
     }
+}
+
+/// Calls `f(path, graph, node id, node, (op, activation, weight, weight zero point))` for every
+/// node of `model` and its subgraphs that has an ONNX Runtime u8 x s8 kernel ([`u8s8_operands`]).
+fn visit_u8s8(model: &Model, f: &mut dyn FnMut(&str, &Graph, qforge_ir::NodeId, &Node, (&'static str, ValueId, ValueId, Option<ValueId>))) {
+    visit_nodes(model, &mut |path, g, id, n| {
+        if let Some(operands) = u8s8_operands(g, n) {
+            f(path, g, id, n, operands);
+        }
+    });
 }
 
 /// The u8 activations read by u8 x s8 weights in `folded` ([`folded`]; subgraphs included),

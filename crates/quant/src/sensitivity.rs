@@ -781,7 +781,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         met: last.error_converted <= budget.max_error,
         units: analysis.ranking.len(),
         units_float: last.units_float,
-        weights_following: with_followers(&found.off).iter().zip(&found.off).enumerate().filter(|(_, (&all, &searched))| all && !searched).map(|(u, _)| record(u)).collect(),
+        weights_following: with_followers(&found.off).iter().zip(&found.off).enumerate().filter(|(_, (&all, &searched))| all && !searched).map(|(u, _)| self::record(&c, &units, u)).collect(),
         rounds: found.rounds,
         prefix_search: found.prefix,
         decisions: found.walk_back.iter().map(|&(round, t)| BudgetDecision { round, unit: record(t.unit), error_float: t.error_float, error_quantized: t.error_quantized, kept_float: t.kept_float }).collect(),
@@ -814,11 +814,11 @@ struct RoundsFound {
 /// (simulated error `error_all_quantized`): each round searches ([`return_to_float`], with
 /// `simulated` measuring a float set) from the float set the previous round left, then
 /// `converted` measures the model converted with that set (its error, and how many units it
-/// has float). The rounds end when the converted
-/// model meets `max_error`, when the search cannot meet its own target, when every unit is
-/// float, or after [`MAX_BUDGET_ROUNDS`]. Otherwise the converted model's error is taken to
-/// keep its ratio to the simulated one, so the next round aims the simulation at
-/// `max_error * simulated / converted`, below the simulated error it has.
+/// has float). The rounds end when the converted model meets `max_error`, when the search
+/// cannot meet its own target, when every unit is float, or after [`MAX_BUDGET_ROUNDS`].
+/// Otherwise the converted model's error is taken to keep its ratio to the simulated one, so
+/// the next round aims the simulation at `max_error * simulated / converted`, below the
+/// simulated error it has.
 fn search_in_rounds<E>(order: &[usize], units: usize, error_all_quantized: f64, max_error: f64, simulated: &mut dyn FnMut(&[bool]) -> Result<f64, E>, converted: &mut dyn FnMut(&[bool]) -> Result<(f64, usize), E>, event: &mut dyn FnMut(RoundEvent)) -> Result<RoundsFound, E> {
     let (mut off, mut error) = (vec![false; units], error_all_quantized);
     let mut found = RoundsFound { off: vec![], rounds: vec![], prefix: vec![], walk_back: vec![] };

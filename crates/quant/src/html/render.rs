@@ -282,7 +282,7 @@ fn sensitivity_section(out: &mut String, budget: Option<&BudgetOutcome>) {
         escape(&b.metric), b.max_error, to_db(b.max_error), b.error_all_quantized, to_db(b.error_all_quantized), b.prefix_search.len() + b.decisions.len(), b.rounds.len(), b.error_final, to_db(b.error_final),
         b.units_float, b.units, if b.met { "met" } else { "NOT met" }, b.seconds);
     if !b.rounds.is_empty() {
-        out.push_str("<p>Each round searches in the Q/DQ simulation, then measures the converted model; when that misses the budget, the next round aims the simulation lower by the ratio it missed by.</p>");
+        out.push_str("<p>Each round searches in the Q/DQ simulation, then measures the converted model; when that misses the budget, the next round aims the simulation at the budget times the simulated error over the converted one.</p>");
         table(out, "budget-rounds", &["round", "simulated error at most", "groups float", "simulated error", "converted error", "converted dB"], &[0, 2, 3, 4, 5], b.rounds.iter().map(|r| vec![
             r.round.to_string(), format!("{:.4e}", r.max_error_simulated), r.units_float.to_string(), format!("{:.4e}", r.error_simulated), format!("{:.4e}", r.error_converted), format!("{:.2}", to_db(r.error_converted)),
         ]));
