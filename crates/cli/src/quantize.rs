@@ -16,7 +16,7 @@ use qforge_quant::htp::{HtpConfig, HtpOptions, HtpQuantizer, PrecisionOptions};
 use qforge_quant::quantizer::{default_mapping, default_qconfig, ConfigQuantizer, Quantizer};
 use qforge_quant::weight_rounding::WeightRounding;
 
-use crate::samples::{model_inputs, open_samples, progress, unit_progress, CalibrationSamples};
+use crate::samples::{model_inputs, open_samples, progress, trial_progress, CalibrationSamples};
 
 /// What `qforge quantize` was asked to do.
 pub struct QuantizeArgs {
@@ -313,12 +313,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let opts = QuantizeOptions { threads: args.threads, strict: args.strict, max_opset: args.max_opset, bias_correction: args.bias_correction, weight_search: args.weight_search, weight_rounding: args.weight_rounding, check_samples: args.check_samples };
     let (mut quantized, mut report) = match budget(&args)? {
         Some(budget) => {
-            let mut analysis = unit_progress(args.json);
+            let mut analysis = trial_progress(args.json);
             let quiet = args.json;
             let evaluation = FirstSamples::within(&samples, EVALUATION_SAMPLES, EVALUATION_ELEMENTS).map_err(|(sample, reason)| anyhow::anyhow!("sample '{sample}': {reason}"))?;
             quantize_within_budget(&model, quantizer.as_ref(), &samples, &evaluation, &opts, &budget, &mut |p| match p {
                 BudgetProgress::Calibrated { samples, ranking, measured } if !quiet => eprintln!("calibrated on {samples} samples; ranking every group on the first {ranking} of them, measuring the accuracy budget on {measured}"),
-                BudgetProgress::Analysis { sample, samples, unit, units } => analysis(sample, samples, unit, units),
+                BudgetProgress::Analysis { sample, samples, trial, trials } => analysis(sample, samples, trial, trials),
                 BudgetProgress::Decision { step, error } if !quiet => eprintln!("accuracy budget: measurement {step}, error {error:.4e}"),
                 BudgetProgress::Round(r) if !quiet => eprintln!("accuracy budget: round {}, the converted model gives {:.4e} ({:.2} dB; {:.2} dB simulated)", r.round, r.error_converted, db(r.error_converted), db(r.error_simulated)),
                 _ => {}

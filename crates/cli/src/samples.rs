@@ -95,26 +95,27 @@ pub fn progress(activity: &'static str, quiet: bool) -> impl FnMut(usize, usize)
     }
 }
 
-/// A progress callback for sensitivity trials, `(sample, samples, unit, units)`: prints
-/// `"sensitivity: sample s/S, group k/n"` on stderr, on one rewritten line when stderr is a
+/// A progress callback for sensitivity trials, `(sample, samples, trial, trials)` (each group
+/// quantized alone, then each float alone): prints `"sensitivity: sample s/S, trial k/n"` on
+/// stderr, on one rewritten line when stderr is a
 /// terminal, else at every tenth of all trials (ten lines whatever the number of samples);
 /// nothing when `quiet`.
-pub fn unit_progress(quiet: bool) -> impl FnMut(usize, usize, usize, usize) {
+pub fn trial_progress(quiet: bool) -> impl FnMut(usize, usize, usize, usize) {
     let terminal = std::io::stderr().is_terminal();
-    move |sample: usize, samples: usize, unit: usize, units: usize| {
+    move |sample: usize, samples: usize, trial: usize, trials: usize| {
         if quiet {
             return;
         }
         if terminal {
-            eprint!("\rsensitivity: sample {sample}/{samples}, group {unit}/{units}   ");
-            if unit == units && sample == samples {
+            eprint!("\rsensitivity: sample {sample}/{samples}, trial {trial}/{trials}   ");
+            if trial == trials && sample == samples {
                 eprintln!();
             }
             return;
         }
-        let (done, total) = ((sample.max(1) - 1) * units + unit, samples * units);
+        let (done, total) = ((sample.max(1) - 1) * trials + trial, samples * trials);
         if total > 0 && done * 10 / total > (done - 1) * 10 / total {
-            eprintln!("sensitivity: sample {sample}/{samples}, group {unit}/{units}");
+            eprintln!("sensitivity: sample {sample}/{samples}, trial {trial}/{trials}");
         }
     }
 }

@@ -9,7 +9,7 @@ use qforge_quant::pipeline::{calibrate, QuantizeOptions, SampleSource};
 use qforge_quant::sensitivity::{analyze, Sensitivity, EVALUATION_ELEMENTS, EVALUATION_SAMPLES};
 
 use crate::quantize::{check_mapping, quantizer, QuantizerArgs};
-use crate::samples::{model_inputs, open_samples, progress, unit_progress};
+use crate::samples::{model_inputs, open_samples, progress, trial_progress};
 use qforge_quant::pipeline::FirstSamples;
 
 /// What `qforge sensitivity` was asked to do.
@@ -53,7 +53,7 @@ pub fn run(args: SensitivityArgs) -> Result<()> {
     let opts = QuantizeOptions { threads: args.threads, strict: false, ..Default::default() };
     let calibrated = calibrate(&model, quantizer.as_ref(), &calibration, &opts, &mut progress("calibrating", args.json))
         .with_context(|| format!("cannot calibrate {}", args.model.display()))?;
-    let analysis = analyze(&calibrated, &first, args.threads, &mut unit_progress(args.json))
+    let analysis = analyze(&calibrated, &first, args.threads, &mut trial_progress(args.json))
         .with_context(|| format!("cannot analyze {}", args.model.display()))?;
     if args.json {
         let mut doc = serde_json::to_value(&analysis)?;

@@ -48,7 +48,7 @@ fn weight_only_cases() -> qforge_ir::Model {
     let mut g = Graph::new("weight_only");
     let x = g.add_input("x", Some(ValueType::tensor_of(DType::F32, &[8, 16]))).unwrap();
     let c = g.add_input("c", Some(ValueType::tensor_of(DType::F32, &[1, 16, 4, 4]))).unwrap();
-    let mut node = |g: &mut Graph, op: &str, name: &str, inputs: Vec<qforge_ir::ValueId>, attrs: Vec<(&str, Attr)>| {
+    let node = |g: &mut Graph, op: &str, name: &str, inputs: Vec<qforge_ir::ValueId>, attrs: Vec<(&str, Attr)>| {
         let out = g.new_value(format!("{name}_out"), None).unwrap();
         let mut n = Node::new(op, name).with_inputs(inputs).with_outputs([out]);
         for (k, v) in attrs {

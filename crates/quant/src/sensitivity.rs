@@ -431,7 +431,7 @@ fn sample_error(samples: &dyn SampleSource, i: usize) -> impl Fn(String) -> Sens
     move |reason| SensitivityError::Sample { sample: samples.name(i), reason }
 }
 
-/// Progress of an analysis: after each unit of each sample, `(sample, samples, unit, units)`
+/// Progress of an analysis: after each trial of each sample, `(sample, samples, trial, trials)`
 /// (1-based counts).
 pub type Progress<'a> = dyn FnMut(usize, usize, usize, usize) + 'a;
 
@@ -461,6 +461,10 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
     let mut only_quantized = vec![OutputSums::new(names.len()); units.len()];
     let mut only_float = vec![OutputSums::new(names.len()); units.len()];
     let (all_on, all_off) = (vec![false; units.len()], vec![true; units.len()]);
+    // Each sample runs two passes of trials, one per kept run: every unit quantized alone
+    // (from the all-float run), then every unit float alone (from the all-quantized run), so
+    // that only one run's values are held at a time.
+    let trials = 2 * measured.len();
     for i in 0..samples.len() {
         let fail = sample_error(samples, i);
         let feed = samples.load(i).map_err(&fail)?;
@@ -468,38 +472,41 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
         if let Some(sums) = &mut as_deployed {
             sums.add(&float_out, &deployed.run(feed.clone()).map_err(|e| fail(format!("the converted model failed: {e}")))?);
         }
+        let mut done = 0;
+        let mut pass = |base: &RunValues, all: &[bool], sums: &mut [OutputSums]| -> Result<(), SensitivityError> {
+            let next = AtomicUsize::new(0);
+            let trial = |u: usize| -> Result<(usize, NamedTensors), String> {
+                let mut off = all.to_vec();
+                off[u] = !off[u];
+                Ok((u, board.run_from(base, u, &off)?))
+            };
+            std::thread::scope(|scope| -> Result<(), SensitivityError> {
+                let (sender, results) = mpsc::channel();
+                for _ in 0..board.session.threads().max(1) {
+                    let (sender, next, measured, trial) = (sender.clone(), &next, &measured, &trial);
+                    scope.spawn(move || {
+                        while let Some(&u) = measured.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            if sender.send(trial(u)).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                drop(sender);
+                for result in results.iter() {
+                    let (u, out) = result.map_err(&fail)?;
+                    sums[u].add(&float_out, &out);
+                    done += 1;
+                    progress(i + 1, samples.len(), done, trials);
+                }
+                Ok(())
+            })
+        };
+        pass(&float_run, &all_off, &mut only_quantized)?;
+        drop(float_run);
         let (quant_out, quant_run) = board.run_keeping(feed, &all_on).map_err(&fail)?;
         all_quantized.add(&float_out, &quant_out);
-        let next = AtomicUsize::new(0);
-        let trial = |u: usize| -> Result<(usize, NamedTensors, NamedTensors), String> {
-            let mut off = all_off.clone();
-            off[u] = false;
-            let quantized = board.run_from(&float_run, u, &off)?;
-            let mut off = all_on.clone();
-            off[u] = true;
-            Ok((u, quantized, board.run_from(&quant_run, u, &off)?))
-        };
-        std::thread::scope(|scope| -> Result<(), SensitivityError> {
-            let (sender, results) = mpsc::channel();
-            for _ in 0..board.session.threads().max(1) {
-                let (sender, next, measured, trial) = (sender.clone(), &next, &measured, &trial);
-                scope.spawn(move || {
-                    while let Some(&u) = measured.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if sender.send(trial(u)).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-            drop(sender);
-            for (done, result) in results.iter().enumerate() {
-                let (u, quantized, float) = result.map_err(&fail)?;
-                only_quantized[u].add(&float_out, &quantized);
-                only_float[u].add(&float_out, &float);
-                progress(i + 1, samples.len(), done + 1, measured.len());
-            }
-            Ok(())
-        })?;
+        pass(&quant_run, &all_on, &mut only_float)?;
     }
     let mut ranking: Vec<UnitSensitivity> = measured.iter().map(|&u| {
         let (q, f) = (only_quantized[u].errors(&names), only_float[u].errors(&names));
@@ -660,7 +667,7 @@ pub enum BudgetProgress {
     /// measured on `measured` samples.
     Calibrated { samples: usize, ranking: usize, measured: usize },
     /// As [`Progress`].
-    Analysis { sample: usize, samples: usize, unit: usize, units: usize },
+    Analysis { sample: usize, samples: usize, trial: usize, trials: usize },
     /// After measurement `step` (1-based) of the search, with the error it gave.
     Decision { step: usize, error: f64 },
     /// After a round's converted model was measured.
@@ -713,7 +720,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         report.accuracy_budget = Some(outcome);
         return Ok((m, report));
     }
-    let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, &mut |sample, samples, unit, units| progress(BudgetProgress::Analysis { sample, samples, unit, units }))?;
+    let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, &mut |sample, samples, trial, trials| progress(BudgetProgress::Analysis { sample, samples, trial, trials }))?;
     // The measured samples, by name, with their float outputs.
     let mut measured: Vec<(String, Vec<(String, Tensor)>)> = c.check_samples().iter().map(|s| (s.name.clone(), s.feed.clone())).collect();
     if measured.is_empty() {
