@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use qforge_ir::{Attr, DType, Graph, Model, Node, ValueId};
 use qforge_quant::pair_sums::{ReductionAxis, U8ChannelMaxima, FULL_REACH};
+use qforge_quant::convert::MATMUL_NBITS_OPS;
 use qforge_runtime::Registry;
 use serde_json::{json, Value as Json};
 
@@ -65,16 +66,15 @@ fn u8s8_operands(g: &Graph, n: &Node) -> Option<(&'static str, ValueId, ValueId,
     (constant && u8_activation).then_some((op, x, w, w_zp))
 }
 
-/// The MatMul and Gemm nodes of `folded` ([`folded`]; subgraphs included) that read a float
-/// activation (not the output of a DequantizeLinear) and a weight dequantized from an 8- or
-/// 4-bit initializer, and whose output no QuantizeLinear reads. ONNX Runtime (1.31) runs each as MatMulNBits with accuracy level 4 (unless
-/// its scale is an initializer equal to another node's, which it merges): it quantizes the
-/// activation to int8 at run time, in blocks of 32 along K, so its results leave the ONNX
-/// semantics that qforge's runtime computes.
+/// The [`MATMUL_NBITS_OPS`] nodes of `folded` ([`folded`]; subgraphs included) that ONNX
+/// Runtime runs as `MatMulNBits`, quantizing their float activation at run time: they read a
+/// float activation (not the output of a DequantizeLinear) and a weight dequantized from an 8-
+/// or 4-bit initializer, and no QuantizeLinear reads their output. (ONNX Runtime also leaves
+/// one unfused when its scale equals another node's initializer, which it merges.)
 fn weight_only_matmuls(folded: &Model) -> Vec<Json> {
     let mut found = vec![];
     visit_nodes(folded, &mut |path, g, id, n| {
-        if !(n.domain.is_empty() && matches!(n.op_type.as_str(), "MatMul" | "Gemm")) {
+        if !(n.domain.is_empty() && MATMUL_NBITS_OPS.contains(&n.op_type.as_str())) {
             return;
         }
         let dequantized = |v: Option<ValueId>| v.and_then(|v| g.producer(v)).and_then(|(p, _)| g.node(p).ok()).filter(|p| p.op_type == "DequantizeLinear");

@@ -418,6 +418,13 @@ impl Emitter<'_> {
     }
 }
 
+/// The ops ONNX Runtime (1.31) runs as `MatMulNBits` when they read a float activation and a
+/// weight dequantized from an 8- or 4-bit initializer, and no QuantizeLinear reads their
+/// output: it then quantizes that activation to int8 at run time, in blocks of 32 along K
+/// (accuracy level 4), so the result leaves the ONNX semantics. A Conv runs its float
+/// activation with the dequantized weight.
+pub const MATMUL_NBITS_OPS: [&str; 2] = ["MatMul", "Gemm"];
+
 /// An input of a node whose output shares its qparams spanning fewer levels than this of the
 /// output's qparams is reported: it keeps under four bits of resolution there.
 pub const FEW_LEVELS: u64 = 16;

@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use crate::annotation::FloatKind;
 use crate::compare::{db, db_option, graph_index, Metrics, Sums};
-use crate::convert::{ConvertLog, Dequantized};
+use crate::convert::{ConvertLog, Dequantized, MATMUL_NBITS_OPS};
 use crate::pipeline::{calibrate, convert, convert_logged, Calibrated, QuantizeError, QuantizeOptions, SampleSource};
 use crate::prepare::{defining_value, edge_value, qtype_of, resolve};
 use qforge_ir::GraphPath;
@@ -438,11 +438,12 @@ pub type Progress<'a> = dyn FnMut(usize, usize, usize, usize) + 'a;
 /// Measures every unit of a calibrated model on `samples` (see the module documentation);
 /// `threads` worker threads (0: all cores). `c` is not modified.
 pub fn analyze(c: &Calibrated, samples: &dyn SampleSource, threads: usize, progress: &mut Progress) -> Result<Sensitivity, SensitivityError> {
-    analyze_with_board(c, samples, threads, progress).map(|(s, _, _)| s)
+    analyze_with_board(c, samples, threads, true, progress).map(|(s, _, _)| s)
 }
 
-/// [`analyze`], also returning the units and the switchboard for further trials.
-fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize, progress: &mut Progress) -> Result<(Sensitivity, Vec<Unit>, Switchboard), SensitivityError> {
+/// [`analyze`], also returning the units and the switchboard for further trials; the figures
+/// as deployed only when `as_deployed` (the accuracy budget measures its own).
+fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize, as_deployed: bool, progress: &mut Progress) -> Result<(Sensitivity, Vec<Unit>, Switchboard), SensitivityError> {
     if samples.is_empty() {
         return Err(QuantizeError::NoSamples.into());
     }
@@ -456,8 +457,9 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
     let measured: Vec<usize> = (0..units.len()).filter(|&u| !board.dirty[u].is_empty()).collect();
     let names: Vec<String> = board.session.output_names().iter().map(|s| s.to_string()).collect();
     let mut all_quantized = OutputSums::new(names.len());
-    let deployed = Session::with_options(&qdq, SessionOptions { threads }).map_err(|e| SensitivityError::Model(e.to_string()))?;
-    let mut as_deployed = deployed.qdq_lowering().is_some().then(|| OutputSums::new(names.len()));
+    let deployed = as_deployed.then(|| Session::with_options(&qdq, SessionOptions { threads })).transpose().map_err(|e| SensitivityError::Model(e.to_string()))?
+        .filter(|d| d.qdq_lowering().is_some());
+    let mut as_deployed = deployed.as_ref().map(|_| OutputSums::new(names.len()));
     let mut only_quantized = vec![OutputSums::new(names.len()); units.len()];
     let mut only_float = vec![OutputSums::new(names.len()); units.len()];
     let (all_on, all_off) = (vec![false; units.len()], vec![true; units.len()]);
@@ -469,7 +471,7 @@ fn analyze_with_board(c: &Calibrated, samples: &dyn SampleSource, threads: usize
         let fail = sample_error(samples, i);
         let feed = samples.load(i).map_err(&fail)?;
         let (float_out, float_run) = board.run_keeping(feed.clone(), &all_off).map_err(&fail)?;
-        if let Some(sums) = &mut as_deployed {
+        if let (Some(sums), Some(deployed)) = (&mut as_deployed, &deployed) {
             sums.add(&float_out, &deployed.run(feed.clone()).map_err(|e| fail(format!("the converted model failed: {e}")))?);
         }
         let mut done = 0;
@@ -720,7 +722,7 @@ pub fn quantize_within_budget(model: &Model, quantizer: &dyn Quantizer, samples:
         report.accuracy_budget = Some(outcome);
         return Ok((m, report));
     }
-    let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, &mut |sample, samples, trial, trials| progress(BudgetProgress::Analysis { sample, samples, trial, trials }))?;
+    let (analysis, units, board) = analyze_with_board(&c, evaluation, opts.threads, false, &mut |sample, samples, trial, trials| progress(BudgetProgress::Analysis { sample, samples, trial, trials }))?;
     // The measured samples, by name, with their float outputs.
     let mut measured: Vec<(String, Vec<(String, Tensor)>)> = c.check_samples().iter().map(|s| (s.name.clone(), s.feed.clone())).collect();
     if measured.is_empty() {
@@ -950,11 +952,8 @@ fn return_to_float<E>(order: &[usize], start: &[bool], error: f64, max_error: f6
 }
 
 /// For each unit, the weight units that return to float with it: for an activation unit, the
-/// quantized weights of the MatMul and Gemm nodes that read it. ONNX Runtime runs a MatMul or
-/// Gemm whose activation is float and whose weight is an 8-bit DequantizeLinear as
-/// MatMulNBits, which quantizes that activation to int8 at run time (blocks of 32 along K,
-/// accuracy level 4): with its weight quantized, an activation returned to float would not
-/// be float where it matters. A Conv runs its float activation with the dequantized weight.
+/// quantized weights of the [`MATMUL_NBITS_OPS`] nodes that read it, which ONNX Runtime would
+/// otherwise run quantizing the activation returned to float.
 fn weights_following(c: &Calibrated, units: &[Unit]) -> Vec<Vec<usize>> {
     let all = c.model.graph.graphs();
     let index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, &u)| (u, i)).collect();
@@ -964,7 +963,7 @@ fn weights_following(c: &Calibrated, units: &[Unit]) -> Vec<Vec<usize>> {
         for (gi, (_, g)) in all.iter().enumerate() {
             for e in group_edges(c, g, gi, group) {
                 let Edge::Input { node, index: read } = e else { continue };
-                if !g.node(node).is_ok_and(|n| matches!(n.op_type.as_str(), "MatMul" | "Gemm")) {
+                if !g.node(node).is_ok_and(|n| MATMUL_NBITS_OPS.contains(&n.op_type.as_str())) {
                     continue;
                 }
                 let inputs = g.node(node).map(|n| n.inputs.len()).unwrap_or(0);
