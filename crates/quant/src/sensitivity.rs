@@ -174,6 +174,10 @@ struct Switchboard {
     sources: HashSet<(usize, ValueId)>,
     /// Per unit, the main-graph nodes to recompute when it changes (empty: no Q/DQ).
     dirty: Vec<Vec<NodeId>>,
+    /// The main-graph `DequantizeLinear` outputs a kept run drops: a trial that reads one
+    /// dequantizes its kept input again (or takes the switch's float source), which costs
+    /// little next to holding a float copy of every quantized activation.
+    dropped: HashSet<ValueId>,
 }
 
 /// Trial hooks: switches off the units marked in `off`.
@@ -319,7 +323,7 @@ impl Switchboard {
         let all_f = c.model.graph.graphs();
         let paths: Vec<GraphPath> = all_q.iter().map(|(p, _)| p.clone()).collect();
         let unit_index: HashMap<Unit, usize> = units.iter().enumerate().map(|(i, u)| (*u, i)).collect();
-        let mut board = Switchboard { session, paths, switches: HashMap::new(), quantizers: HashMap::new(), sources: HashSet::new(), dirty: vec![vec![]; units.len()] };
+        let mut board = Switchboard { session, paths, switches: HashMap::new(), quantizers: HashMap::new(), sources: HashSet::new(), dirty: vec![vec![]; units.len()], dropped: HashSet::new() };
         for (gi, log) in logs.iter().enumerate() {
             let Some(qi) = board.paths.iter().position(|p| *p == c.plan.graphs[gi].path) else { continue };
             let (gq, gf) = (all_q[qi].1, all_f[gi].1);
@@ -365,6 +369,9 @@ impl Switchboard {
                 if let Some(q) = quantizer {
                     board.quantizers.insert((qi, q), (qi, dq));
                 }
+                if qi == 0 && !gq.is_output(d) {
+                    board.dropped.insert(d);
+                }
                 let switch = board.switches.entry((qi, dq)).or_insert(Switch { owners: vec![], source });
                 for u in owners {
                     if !switch.owners.contains(&u) {
@@ -377,6 +384,8 @@ impl Switchboard {
             d.sort();
             d.dedup();
         }
+        let sources = &board.sources;
+        board.dropped.retain(|&v| !sources.contains(&(0, v)));
         Ok(board)
     }
 
@@ -388,10 +397,11 @@ impl Switchboard {
         Ok(out)
     }
 
-    /// [`Switchboard::run`], keeping every value for [`Switchboard::run_from`].
+    /// [`Switchboard::run`], keeping the values [`Switchboard::run_from`] reads (all but
+    /// `dropped`).
     fn run_keeping(&self, feed: Vec<(String, Tensor)>, off: &[bool]) -> Result<(Vec<(String, Tensor)>, RunValues), String> {
         let mut hooks = Trial::new(self, off, None);
-        let out = self.session.run_keeping(feed, &mut hooks).map_err(|e| e.to_string())?;
+        let out = self.session.run_keeping(feed, &mut hooks, &self.dropped).map_err(|e| e.to_string())?;
         hooks.finish()?;
         Ok(out)
     }

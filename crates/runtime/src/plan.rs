@@ -41,11 +41,12 @@ pub enum Folding {
 /// Which steps a run executes.
 #[derive(Clone, Copy)]
 enum Schedule<'a> {
-    /// Every step; each value is freed after its last reader unless `keep`.
-    All { keep: bool },
+    /// Every step; each value is freed after its last reader unless `keep` holds its slot.
+    All { keep: Option<&'a [bool]> },
     /// The steps of the `dirty` nodes and every step reading a value an executed step
-    /// produced; the other values stay as they are. A recomputed value is freed after its last
-    /// reader.
+    /// produced, and the steps that produce what those read and the table lacks (values a
+    /// kept run dropped; see [`Plan::rerun_steps`]); the other values stay as they are. A
+    /// recomputed value is freed after its last reader.
     From { dirty: &'a HashSet<NodeId> },
 }
 
@@ -224,24 +225,31 @@ impl Plan {
     /// Runs the plan as a subgraph reached through `hooks.path` (or the main graph).
     pub(crate) fn run_in(&self, feeds: Vec<Option<Value>>, scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>, profile: Option<&mut Vec<StepTime>>) -> RuntimeResult<Vec<Value>> {
         let mut table = self.start(feeds, scope, hooks)?;
-        self.execute(&mut table, scope, hooks, profile, Schedule::All { keep: false })?;
+        self.execute(&mut table, scope, hooks, profile, Schedule::All { keep: None })?;
         self.collect_outputs(&table)
     }
 
-    /// Runs the plan as a main graph and keeps every value: the outputs and the value table
-    /// (indexed by value id) for [`Plan::run_from`].
-    pub(crate) fn run_keeping(&self, feeds: Vec<Option<Value>>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<Value>, Vec<Option<Value>>)> {
+    /// Runs the plan as a main graph and keeps its values: the outputs and the value table
+    /// (indexed by value id) for [`Plan::run_from`]. Values that steps produce and `dropped`
+    /// holds are freed after their last reader as in a plain run; [`Plan::run_from`]
+    /// recomputes those it needs.
+    pub(crate) fn run_keeping(&self, feeds: Vec<Option<Value>>, hooks: &mut dyn Hooks, dropped: &HashSet<ValueId>) -> RuntimeResult<(Vec<Value>, Vec<Option<Value>>)> {
         let no_scope = |_: &str| None;
         let lock = std::sync::Mutex::new(hooks);
         let sink = Some(HookSink { hooks: &lock, path: &[] });
+        let mut keep = vec![true; self.slots];
+        for &s in self.steps.iter().flat_map(|step| step.outputs.iter().flatten()) {
+            keep[s] = !dropped.contains(&self.value_ids[s]);
+        }
         let mut table = self.start(feeds, &no_scope, sink)?;
-        self.execute(&mut table, &no_scope, sink, None, Schedule::All { keep: true })?;
+        self.execute(&mut table, &no_scope, sink, None, Schedule::All { keep: Some(&keep) })?;
         Ok((self.collect_outputs(&table)?, table))
     }
 
     /// Re-runs part of a main-graph run from its value table `base` (of [`Plan::run_keeping`]):
-    /// the steps of the `dirty` nodes and every step downstream of them; the other values are
-    /// `base`'s. `hooks` sees (and may supply or replace) only what is re-run.
+    /// the steps of the `dirty` nodes, every step downstream of them, and the steps that
+    /// recompute what those read and `base` dropped; the other values are `base`'s. `hooks`
+    /// sees (and may supply or replace) only what is re-run.
     pub(crate) fn run_from(&self, base: &[Option<Value>], dirty: &HashSet<NodeId>, hooks: &mut dyn Hooks) -> RuntimeResult<Vec<Value>> {
         if base.len() != self.slots {
             return Err(RuntimeError::Kernel(format!("the values given hold {} slots, graph '{}' has {}: they come from another session", base.len(), self.graph, self.slots)));
@@ -282,15 +290,13 @@ impl Plan {
 
     /// Runs the steps `schedule` selects over `table`.
     fn execute(&self, table: &mut [Option<Value>], scope: &dyn Fn(&str) -> Option<Value>, hooks: Option<HookSink>, mut profile: Option<&mut Vec<StepTime>>, schedule: Schedule) -> RuntimeResult<()> {
-        let mut produced = match schedule {
-            Schedule::From { .. } => vec![false; self.slots],
-            Schedule::All { .. } => vec![],
+        let (mut produced, rerun) = match schedule {
+            Schedule::From { dirty } => (vec![false; self.slots], self.rerun_steps(table, dirty)),
+            Schedule::All { .. } => (vec![], vec![]),
         };
-        for step in &self.steps {
-            if let Schedule::From { dirty } = schedule {
-                if !dirty.contains(&step.node) && !step.inputs.iter().flatten().chain(&step.captures).any(|&s| produced[s]) {
-                    continue;
-                }
+        for (i, step) in self.steps.iter().enumerate() {
+            if matches!(schedule, Schedule::From { .. }) && !rerun[i] {
+                continue;
             }
             let started = profile.is_some().then(std::time::Instant::now);
             let supplied = hooks.and_then(|sink| sink.hooks.supply(&NodeEvent { node: step.node, path: sink.path }));
@@ -314,15 +320,40 @@ impl Plan {
                 Computed::Supplied(outs) => outs.into_iter().enumerate().for_each(|(k, t)| store(k, t.map(Value::Tensor))),
             }
             match schedule {
-                Schedule::All { keep: false } => step.free.iter().for_each(|&s| table[s] = None),
+                Schedule::All { keep: None } => step.free.iter().for_each(|&s| table[s] = None),
+                Schedule::All { keep: Some(keep) } => step.free.iter().filter(|&&s| !keep[s]).for_each(|&s| table[s] = None),
                 Schedule::From { .. } => step.free.iter().filter(|&&s| produced[s]).for_each(|&s| table[s] = None),
-                Schedule::All { keep: true } => {}
             }
             if let (Some(p), Some(t0)) = (profile.as_deref_mut(), started) {
                 p.push(StepTime { node: step.label.clone(), op: step.op.clone(), seconds: t0.elapsed().as_secs_f64() });
             }
         }
         Ok(())
+    }
+
+    /// The steps [`Schedule::From`] runs over `table`: those of the `dirty` nodes and every
+    /// step reading a value one of them changes; then, walking back, every step producing a
+    /// value that a running step reads and `table` lacks, which recomputes what a kept run
+    /// dropped as it was (the steps upstream of every change).
+    fn rerun_steps(&self, table: &[Option<Value>], dirty: &HashSet<NodeId>) -> Vec<bool> {
+        let mut run = vec![false; self.steps.len()];
+        let mut changed = vec![false; self.slots];
+        for (i, step) in self.steps.iter().enumerate() {
+            if dirty.contains(&step.node) || step.inputs.iter().flatten().chain(&step.captures).any(|&s| changed[s]) {
+                run[i] = true;
+                step.outputs.iter().flatten().for_each(|&s| changed[s] = true);
+            }
+        }
+        let mut missing = vec![false; self.slots];
+        for (i, step) in self.steps.iter().enumerate().rev() {
+            run[i] |= step.outputs.iter().flatten().any(|&s| missing[s]);
+            if run[i] {
+                for &s in step.inputs.iter().flatten().chain(&step.captures) {
+                    missing[s] |= !changed[s] && table[s].is_none();
+                }
+            }
+        }
+        run
     }
 
     /// Runs one step's kernel on the values in `table`: a [`Kernel`] on tensors (refusing other

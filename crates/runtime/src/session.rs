@@ -199,17 +199,22 @@ impl Session {
         Ok((outs, times))
     }
 
-    /// [`Session::run_with_hooks`], keeping every value of the main graph for
-    /// [`Session::run_from`] (memory holds all of them, not only the live ones).
-    pub fn run_keeping(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks) -> RuntimeResult<(Vec<(String, Tensor)>, RunValues)> {
+    /// [`Session::run_with_hooks`], keeping the values of the main graph for
+    /// [`Session::run_from`] (memory holds all of them, not only the live ones), except the
+    /// computed values in `dropped`: they are freed after their last reader, and
+    /// [`Session::run_from`] computes again, as this run did, those it needs. Dropping values
+    /// that are cheap to compute from kept ones (a DequantizeLinear's output) trades a little
+    /// recomputation for memory.
+    pub fn run_keeping(&self, inputs: Vec<(String, Tensor)>, hooks: &mut dyn Hooks, dropped: &HashSet<ValueId>) -> RuntimeResult<(Vec<(String, Tensor)>, RunValues)> {
         let feeds = self.feeds(tensors_in(inputs))?;
-        let (outs, table) = self.enter(|| self.plan.run_keeping(feeds, hooks))?;
+        let (outs, table) = self.enter(|| self.plan.run_keeping(feeds, hooks, dropped))?;
         Ok((tensors_out(self.named(outs))?, RunValues { table }))
     }
 
     /// Recomputes part of a run: the `dirty` nodes of the main graph and every node
     /// downstream of them (reading, directly or through a subgraph, a recomputed value) run
-    /// again, with `hooks`; every other value is taken from `base`, which must come from
+    /// again, with `hooks`, and so do the nodes that compute what those read and `base`
+    /// dropped; every other value is taken from `base`, which must come from
     /// [`Session::run_keeping`] of this session. Returns the outputs in graph order. The
     /// result equals a full run when the hooks act on the recomputed nodes as they did on
     /// `base`'s run everywhere else.
@@ -280,4 +285,81 @@ fn tensors_out(outs: Vec<(String, Value)>) -> RuntimeResult<Vec<(String, Tensor)
 /// Whether two plans take the same inputs and give the same outputs, by name and order.
 fn same_interface(a: &Plan, b: &Plan) -> bool {
     a.inputs.iter().map(|i| &i.name).eq(b.inputs.iter().map(|i| &i.name)) && a.outputs.iter().map(|o| &o.0).eq(b.outputs.iter().map(|o| &o.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeSet, HashSet};
+
+    use qforge_ir::{Graph, Model, Node, OpsetImport, Tensor, ValueId};
+
+    use crate::{Hooks, Session, ValueEvent};
+
+    /// Records the name of every value a run reports, and adds one to `a` where it is
+    /// computed when `bump` is set.
+    struct Trial {
+        bump: bool,
+        seen: BTreeSet<String>,
+    }
+
+    impl Hooks for Trial {
+        fn on_value(&mut self, event: &ValueEvent, t: &Tensor) -> Option<Tensor> {
+            self.seen.insert(event.name.to_string());
+            (self.bump && event.name == "a").then(|| Tensor::from_vec(t.shape(), t.as_slice::<f32>().unwrap().iter().map(|v| v + 1.0).collect()).unwrap())
+        }
+    }
+
+    /// `c = Conv(x, w)`, `a = c + 3`, `k = clip(a, 0, 6)`, `m = c * k`, `y = relu(m)`: the
+    /// model and the ids of its computed values by name.
+    fn hardswish_after_conv() -> (Model, impl Fn(&str) -> ValueId) {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", None).unwrap();
+        let w: Vec<f32> = (0..3 * 2 * 9).map(|i| ((i * 37) % 17) as f32 / 8.0 - 1.0).collect();
+        let w = g.add_initializer("w", Tensor::from_vec(&[3, 2, 3, 3], w).unwrap()).unwrap();
+        let three = g.add_initializer("three", Tensor::scalar(3.0f32)).unwrap();
+        let (zero, six) = (g.add_initializer("zero", Tensor::scalar(0.0f32)).unwrap(), g.add_initializer("six", Tensor::scalar(6.0f32)).unwrap());
+        let node = |g: &mut Graph, op: &str, inputs: Vec<ValueId>, out: &str| {
+            let v = g.new_value(out, None).unwrap();
+            let mut n = Node::new(op, out).with_outputs([v]);
+            n.inputs = inputs.into_iter().map(Some).collect();
+            g.add_node(n).unwrap();
+            v
+        };
+        let c = node(&mut g, "Conv", vec![x, w], "c");
+        let a = node(&mut g, "Add", vec![c, three], "a");
+        let k = node(&mut g, "Clip", vec![a, zero, six], "k");
+        let m = node(&mut g, "Mul", vec![c, k], "m");
+        let y = node(&mut g, "Relu", vec![m], "y");
+        g.set_outputs(vec![y]).unwrap();
+        let ids: Vec<(String, ValueId)> = [("c", c), ("a", a), ("k", k), ("m", m), ("y", y)].into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+        let model = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
+        (model, move |name: &str| ids.iter().find(|(n, _)| n == name).unwrap().1)
+    }
+
+    #[test]
+    fn a_rerun_computes_again_what_the_kept_run_dropped_and_equals_a_full_run() {
+        let (model, id) = hardswish_after_conv();
+        let session = Session::new(&model).unwrap();
+        let data: Vec<f32> = (0..2 * 6 * 7).map(|i| ((i * 7919) % 1000) as f32 / 150.0 - 3.0).collect();
+        let feed = vec![("x".to_string(), Tensor::from_vec(&[1, 2, 6, 7], data).unwrap())];
+        let mut changed = Trial { bump: true, seen: BTreeSet::new() };
+        let want = session.run_with_hooks(feed.clone(), &mut changed).unwrap();
+        let add = model.graph.producer(id("a")).unwrap().0;
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        // Kept whole, the rerun from the Add runs the Add and what follows it; with the Conv's
+        // and the Clip's outputs dropped, it computes the Conv's again (the Mul reads it), and
+        // the Clip's anyway (it follows the Add). Both equal the full run with the change.
+        for (dropped, rerun) in [(vec![], names(&["a", "k", "m", "y"])), (vec!["c", "k"], names(&["c", "a", "k", "m", "y"]))] {
+            let dropped: HashSet<ValueId> = dropped.iter().map(|n| id(n)).collect();
+            let mut same = Trial { bump: false, seen: BTreeSet::new() };
+            let (_, base) = session.run_keeping(feed.clone(), &mut same, &dropped).unwrap();
+            for n in ["c", "a", "k", "m", "y"] {
+                assert_eq!(base.get(id(n)).is_none(), dropped.contains(&id(n)), "{n} kept or dropped as asked ({dropped:?})");
+            }
+            let mut trial = Trial { bump: true, seen: BTreeSet::new() };
+            let got = session.run_from(&base, &[add], &mut trial).unwrap();
+            assert_eq!(trial.seen, rerun, "values recomputed with {dropped:?} dropped");
+            assert_eq!(got, want, "{dropped:?} dropped");
+        }
+    }
 }
