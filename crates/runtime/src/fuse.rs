@@ -574,7 +574,7 @@ fn classify(s: &Step, g: &Graph, opsets: &[OpsetImport], consts: &HashMap<usize,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashSet;
 
     use qforge_ir::Tensor;
@@ -603,7 +603,7 @@ mod tests {
 
     /// `x -> Conv -> c`, then a hardswish written out, `m = c * clip(c + 3, 0, 6)`, and
     /// `y = relu(m)`.
-    fn conv_hardswish_relu() -> qforge_ir::Model {
+    pub(crate) fn conv_hardswish_relu() -> qforge_ir::Model {
         use qforge_ir::{Graph, Model, Node, OpsetImport};
         let mut g = Graph::new("g");
         let x = g.add_input("x", None).unwrap();

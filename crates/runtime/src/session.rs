@@ -291,7 +291,7 @@ fn same_interface(a: &Plan, b: &Plan) -> bool {
 mod tests {
     use std::collections::{BTreeSet, HashSet};
 
-    use qforge_ir::{Graph, Model, Node, OpsetImport, Tensor, ValueId};
+    use qforge_ir::{Tensor, ValueId};
 
     use crate::{Hooks, Session, ValueEvent};
 
@@ -309,36 +309,10 @@ mod tests {
         }
     }
 
-    /// `c = Conv(x, w)`, `a = c + 3`, `k = clip(a, 0, 6)`, `m = c * k`, `y = relu(m)`: the
-    /// model and the ids of its computed values by name.
-    fn hardswish_after_conv() -> (Model, impl Fn(&str) -> ValueId) {
-        let mut g = Graph::new("g");
-        let x = g.add_input("x", None).unwrap();
-        let w: Vec<f32> = (0..3 * 2 * 9).map(|i| ((i * 37) % 17) as f32 / 8.0 - 1.0).collect();
-        let w = g.add_initializer("w", Tensor::from_vec(&[3, 2, 3, 3], w).unwrap()).unwrap();
-        let three = g.add_initializer("three", Tensor::scalar(3.0f32)).unwrap();
-        let (zero, six) = (g.add_initializer("zero", Tensor::scalar(0.0f32)).unwrap(), g.add_initializer("six", Tensor::scalar(6.0f32)).unwrap());
-        let node = |g: &mut Graph, op: &str, inputs: Vec<ValueId>, out: &str| {
-            let v = g.new_value(out, None).unwrap();
-            let mut n = Node::new(op, out).with_outputs([v]);
-            n.inputs = inputs.into_iter().map(Some).collect();
-            g.add_node(n).unwrap();
-            v
-        };
-        let c = node(&mut g, "Conv", vec![x, w], "c");
-        let a = node(&mut g, "Add", vec![c, three], "a");
-        let k = node(&mut g, "Clip", vec![a, zero, six], "k");
-        let m = node(&mut g, "Mul", vec![c, k], "m");
-        let y = node(&mut g, "Relu", vec![m], "y");
-        g.set_outputs(vec![y]).unwrap();
-        let ids: Vec<(String, ValueId)> = [("c", c), ("a", a), ("k", k), ("m", m), ("y", y)].into_iter().map(|(n, v)| (n.to_string(), v)).collect();
-        let model = Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() };
-        (model, move |name: &str| ids.iter().find(|(n, _)| n == name).unwrap().1)
-    }
-
     #[test]
     fn a_rerun_computes_again_what_the_kept_run_dropped_and_equals_a_full_run() {
-        let (model, id) = hardswish_after_conv();
+        let model = crate::fuse::tests::conv_hardswish_relu();
+        let id = |name: &str| model.graph.values().find(|(_, v)| v.name == name).map(|(id, _)| id).unwrap();
         let session = Session::new(&model).unwrap();
         let data: Vec<f32> = (0..2 * 6 * 7).map(|i| ((i * 7919) % 1000) as f32 / 150.0 - 3.0).collect();
         let feed = vec![("x".to_string(), Tensor::from_vec(&[1, 2, 6, 7], data).unwrap())];
