@@ -142,10 +142,14 @@ impl Node {
     pub fn subgraphs(&self) -> impl Iterator<Item = (&str, &Graph)> {
         self.attrs.iter().flat_map(|a| a.value.graphs().into_iter().map(move |g| (a.name.as_str(), g)))
     }
+    /// Whether the node is an operator of the default ONNX domain (`""` or `ai.onnx`).
+    pub fn is_default_domain(&self) -> bool {
+        self.domain.is_empty() || self.domain == "ai.onnx"
+    }
     /// The tensor a `Constant` node (default domain) produces, from whichever value attribute
     /// it carries; `None` for other nodes and for sparse values.
     pub fn constant_tensor(&self) -> Option<Tensor> {
-        if self.op_type != "Constant" || !(self.domain.is_empty() || self.domain == "ai.onnx") || self.attrs.len() != 1 {
+        if self.op_type != "Constant" || !self.is_default_domain() || self.attrs.len() != 1 {
             return None;
         }
         let a = &self.attrs[0];
@@ -162,7 +166,7 @@ impl Node {
     }
     /// `domain::op_type`, or just `op_type` in the default domain.
     pub fn qualified_op(&self) -> String {
-        if self.domain.is_empty() || self.domain == "ai.onnx" {
+        if self.is_default_domain() {
             self.op_type.clone()
         } else {
             format!("{}::{}", self.domain, self.op_type)
@@ -336,6 +340,76 @@ impl Graph {
             }
         }
         self.inputs = inputs;
+        Ok(())
+    }
+
+    /// Turns graph input `v` into a value read by name from an enclosing graph under `name`:
+    /// it leaves the input list, loses any default, and its readers keep reading it. Fails when
+    /// a nested subgraph reads `v` (it does so by the old name) or `name` is taken.
+    pub fn input_to_outer(&mut self, v: ValueId, name: &str) -> IrResult<()> {
+        let val = self.value(v)?;
+        if val.kind != ValueKind::Input || !self.inputs.contains(&v) {
+            return Err(self.err(format!("'{}' is not an input", val.name)));
+        }
+        if val.uses.iter().any(|u| u.1 == CAPTURE_USE) {
+            return Err(self.err(format!("input '{}' is read by name by a nested graph", val.name)));
+        }
+        self.rename_value(v, name)?;
+        self.inputs.retain(|i| *i != v);
+        let val = self.value_mut(v)?;
+        val.kind = ValueKind::Outer;
+        val.initializer = None;
+        Ok(())
+    }
+
+    /// Removes node `id` and makes each of its outputs a value read by name from an enclosing
+    /// graph, under the same name, so that every reader, nested subgraphs included, keeps
+    /// reading it: the enclosing graph must define it from then on. Fails when an output is a
+    /// graph output.
+    pub fn detach_node_to_outer(&mut self, id: NodeId) -> IrResult<()> {
+        let node = self.node(id)?;
+        if let Some(v) = node.outputs.iter().flatten().find(|v| self.outputs.contains(v)) {
+            return Err(self.err(format!("'{}' is a graph output", self.value_name(*v))));
+        }
+        let node = self.remove_node_raw(id);
+        for v in node.outputs.iter().flatten() {
+            let val = self.values[v.0 as usize].as_mut().expect("a live node's output");
+            val.kind = ValueKind::Outer;
+        }
+        Ok(())
+    }
+
+    /// The data of a constant value: a constant initializer's, or the tensor a `Constant`
+    /// node makes.
+    pub fn constant_data(&self, v: ValueId) -> Option<Tensor> {
+        let val = self.value(v).ok()?;
+        if val.is_constant() {
+            return val.initializer().cloned();
+        }
+        let (p, _) = val.producer()?;
+        self.node(p).ok()?.constant_tensor()
+    }
+
+    /// Removes node `id` and makes each of its outputs an initializer holding the matching
+    /// tensor of `outputs`, under the same id and name, so that every reader, nested subgraphs
+    /// included, keeps reading it. Fails when an output is a graph output or `outputs` has
+    /// fewer tensors than the node has outputs.
+    pub fn replace_node_by_constants(&mut self, id: NodeId, outputs: Vec<Tensor>) -> IrResult<()> {
+        let node = self.node(id)?;
+        if outputs.len() < node.outputs.len() {
+            return Err(self.err(format!("node '{}' has {} outputs, not {}", node.name, node.outputs.len(), outputs.len())));
+        }
+        if let Some(v) = node.outputs.iter().flatten().find(|v| self.outputs.contains(v)) {
+            return Err(self.err(format!("'{}' is a graph output", self.value_name(*v))));
+        }
+        let node = self.remove_node_raw(id);
+        for (v, t) in node.outputs.iter().zip(outputs) {
+            let Some(v) = v else { continue };
+            let val = self.values[v.0 as usize].as_mut().expect("a live node's output");
+            val.ty = Some(ValueType::tensor_of(t.dtype(), &t.shape().iter().map(|&d| d as i64).collect::<Vec<_>>()));
+            val.kind = ValueKind::Initializer;
+            val.initializer = Some(t);
+        }
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use crate::annotation::{Annotations, FloatKind};
 use crate::bias_correction::InputMeans;
 use crate::pair_sums::{InputMaxima, QuantizedInput, U8ChannelMaxima};
 use crate::convert::{convert_graph, group_qparams, narrow_inputs, shared_downstream, ConvertLog, ConvertOptions, NarrowInput, WeightFits};
-use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, localize_captured_weights, matmul_add_to_gemm, upcast_half, Upcast};
+use crate::passes::{constant_input_defaults, fold_affine, fold_constant_scales, fold_constants, hoist_loop_invariants, localize_captured_weights, matmul_add_to_gemm, uncarry_loop_invariants, upcast_half, Upcast};
 use crate::prepare::{qtype_of, resolve, QuantPlan};
 use crate::quantizer::Quantizer;
 use crate::compare::{check_outputs, CheckSample};
@@ -170,6 +170,11 @@ pub struct Fused {
     pub affine_folded: usize,
     /// MatMul + Add pairs rewritten as one Gemm ([`matmul_add_to_gemm`]).
     pub matmul_add_fused: usize,
+    /// Loop-carried variables that loops pass on unchanged, now read from the enclosing graph
+    /// ([`uncarry_loop_invariants`]).
+    pub loop_carried_uncarried: usize,
+    /// Loop-invariant nodes moved out of Loop bodies ([`hoist_loop_invariants`]).
+    pub loop_invariants_hoisted: usize,
     /// Graph inputs with an initializer now treated as constants ([`constant_input_defaults`]).
     pub constant_inputs: Vec<String>,
     /// How a float16/bfloat16 model was made to compute in float32 ([`upcast_half`]).
@@ -177,9 +182,11 @@ pub struct Fused {
 }
 
 /// The fusion passes, before annotation: `constant_input_defaults` and `upcast_half` (main
-/// graph, which also widens its subgraphs), `localize_captured_weights` (every subgraph, at any depth), then on every graph (main graph
-/// first) `fold_constants` and `fold_constant_scales`, then `matmul_add_to_gemm` (which reads the
-/// inferred ranks) and `fold_affine`. Tools that compare a
+/// graph, which also widens its subgraphs), `uncarry_loop_invariants` and
+/// `hoist_loop_invariants` (every Loop, at any depth), then on every graph (main graph first)
+/// `fold_constants` and `fold_constant_scales`, `localize_captured_weights` (every subgraph,
+/// after folding, so weights computed from constants moved out of a loop are constants), then
+/// `matmul_add_to_gemm` (which reads the inferred ranks) and `fold_affine`. Tools that compare a
 /// quantized model with its float original apply the same passes to the float model, so folded
 /// tensors carry the same names.
 pub fn fuse(m: &mut Model) -> Result<Fused, String> {
@@ -191,18 +198,27 @@ pub fn fuse(m: &mut Model) -> Result<Fused, String> {
     if upcast.is_some() {
         m.graph.check().map_err(|e| format!("upcast_half: {e}"))?;
     }
-    if localize_captured_weights(&mut m.graph).map_err(|e| format!("localize_captured_weights: {e}"))? > 0 {
-        m.graph.check().map_err(|e| format!("localize_captured_weights: {e}"))?;
+    let loop_carried_uncarried = uncarry_loop_invariants(&mut m.graph).map_err(|e| format!("uncarry_loop_invariants: {e}"))?;
+    if loop_carried_uncarried > 0 {
+        m.graph.check().map_err(|e| format!("uncarry_loop_invariants: {e}"))?;
     }
-    let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
+    let loop_invariants_hoisted = hoist_loop_invariants(&mut m.graph).map_err(|e| format!("hoist_loop_invariants: {e}"))?;
+    if loop_invariants_hoisted > 0 {
+        m.graph.check().map_err(|e| format!("hoist_loop_invariants: {e}"))?;
+    }
     let opsets = m.opset_imports.clone();
-    let (mut folded, mut gemms) = (0, 0);
+    let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     for p in &paths {
         let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
         fold_constants(g, &opsets, |_| false).map_err(|e| format!("fold_constants: {e}"))?;
         fold_constant_scales(g).map_err(|e| format!("fold_constant_scales: {e}"))?;
     }
+    if localize_captured_weights(&mut m.graph).map_err(|e| format!("localize_captured_weights: {e}"))? > 0 {
+        m.graph.check().map_err(|e| format!("localize_captured_weights: {e}"))?;
+    }
     qforge_ir::infer::infer_model(m);
+    let (mut folded, mut gemms) = (0, 0);
+    let paths: Vec<_> = m.graph.graphs().into_iter().map(|(p, _)| p).collect();
     for p in &paths {
         let g = m.graph.graph_at_mut(p).ok_or("a subgraph disappeared while fusing")?;
         gemms += matmul_add_to_gemm(g).map_err(|e| format!("matmul_add_to_gemm: {e}"))?;
@@ -211,7 +227,7 @@ pub fn fuse(m: &mut Model) -> Result<Fused, String> {
     if gemms > 0 {
         m.graph.check().map_err(|e| format!("matmul_add_to_gemm: {e}"))?;
     }
-    Ok(Fused { affine_folded: folded, matmul_add_fused: gemms, constant_inputs, upcast })
+    Ok(Fused { affine_folded: folded, matmul_add_fused: gemms, loop_carried_uncarried, loop_invariants_hoisted, constant_inputs, upcast })
 }
 
 /// Fuses a copy of `model` ([`fuse`]; a model already quantized is refused), annotates it
@@ -250,7 +266,7 @@ pub fn calibrate(model: &Model, quantizer: &dyn Quantizer, samples: &dyn SampleS
     let violations = |annotated: &[Annotations]| -> Vec<ViolationRecord> {
         all.iter().zip(annotated).zip(&graph_names).flat_map(|(((_, g), a), gname)| quantizer.validate(g, a).into_iter().map(|v| ViolationRecord::new(gname, g, v))).collect()
     };
-    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, matmul_add_fused: fused.matmul_add_fused, constant_inputs: fused.constant_inputs, upcast: fused.upcast, violations: violations(&annotated), ..Default::default() };
+    let mut report = Report { samples: samples.len(), affine_folded: fused.affine_folded, matmul_add_fused: fused.matmul_add_fused, loop_carried_uncarried: fused.loop_carried_uncarried, loop_invariants_hoisted: fused.loop_invariants_hoisted, constant_inputs: fused.constant_inputs, upcast: fused.upcast, violations: violations(&annotated), ..Default::default() };
     if opts.strict && !report.violations.is_empty() {
         return Err(QuantizeError::Violations(report.violations));
     }

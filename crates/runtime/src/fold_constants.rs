@@ -2,15 +2,15 @@
 
 use std::collections::HashMap;
 
-use qforge_ir::{Graph, Node, OpsetImport, Patch, Tensor, CAPTURE_USE};
+use qforge_ir::{Graph, Node, OpsetImport, Tensor};
 use crate::{opset_of, NodeInfo, Registry, RunCtx, NONDETERMINISTIC};
 
 /// Replaces every node whose inputs are all constant initializers by initializers holding its
-/// outputs (same names), computed with the qforge runtime's kernels, so weights built from
-/// constants (`Reshape(W)`, `Transpose(W)`, `ConstantOfShape`) are quantized as weights.
-/// Nodes with subgraphs, random ops, nodes producing graph outputs or values read by
-/// subgraphs, ops the runtime cannot run and nodes for which `keep` holds are kept. Returns the
-/// number of folded nodes.
+/// outputs (same values and names, so subgraphs reading them by name read the constants),
+/// computed with the qforge runtime's kernels, so weights built from constants
+/// (`Reshape(W)`, `Transpose(W)`, `ConstantOfShape`) are quantized as weights. Nodes with
+/// subgraphs, random ops, nodes producing graph outputs, ops the runtime cannot run and nodes
+/// for which `keep` holds are kept. Returns the number of folded nodes.
 pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport], keep: impl Fn(&Node) -> bool) -> Result<usize, String> {
     let order = g.topo_order().map_err(|e| e.to_string())?;
     let no_scope: HashMap<String, Tensor> = HashMap::new();
@@ -20,7 +20,7 @@ pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport], keep: impl Fn(&Node
         let constant = |v: &qforge_ir::ValueId| g.value(*v).is_ok_and(|x| x.is_constant());
         if keep(&node) || node.subgraphs().next().is_some() || !node.captures().is_empty() || NONDETERMINISTIC.contains(&node.op_type.as_str())
             || !node.inputs.iter().flatten().all(constant)
-            || node.outputs.iter().flatten().any(|v| g.is_output(*v) || g.consumers(*v).iter().any(|u| u.1 == CAPTURE_USE))
+            || node.outputs.iter().flatten().any(|v| g.is_output(*v))
         {
             continue;
         }
@@ -39,21 +39,10 @@ pub fn fold_constants(g: &mut Graph, opsets: &[OpsetImport], keep: impl Fn(&Node
         };
         let Ok(kernel) = build(&info) else { continue };
         let Ok(outs) = kernel.run(&ins, &RunCtx { scope: &|_| None, hooks: None }) else { continue };
-        let mut patch = Patch::new(g, "fold_constants");
-        let mut renames = vec![];
-        for (v, t) in node.outputs.iter().zip(outs) {
-            let Some(v) = v else { continue };
-            let name = g.value_name(*v);
-            let tmp = patch.unique_name(g, &format!("{name}_folded"));
-            let c = patch.new_initializer(tmp, t);
-            patch.replace_uses(*v, c);
-            renames.push((c, name));
+        if outs.len() < node.outputs.len() {
+            continue;
         }
-        patch.remove_node(id);
-        g.apply(patch).map_err(|e| e.to_string())?;
-        for (c, name) in renames {
-            g.rename_value(c, name).map_err(|e| e.to_string())?;
-        }
+        g.replace_node_by_constants(id, outs).map_err(|e| e.to_string())?;
         folded += 1;
     }
     Ok(folded)

@@ -223,14 +223,10 @@ impl Ctx<'_> {
     /// output of a `Constant` node.
     fn constant(&self, v: ValueId) -> Option<Tensor> {
         let val = self.g.value(v).ok()?;
-        if val.is_constant() {
-            return val.initializer().cloned();
-        }
         if val.kind() == qforge_ir::ValueKind::Outer {
             return self.outer.get(&val.name).cloned();
         }
-        let (p, _) = self.g.producer(v)?;
-        self.g.node(p).ok()?.constant_tensor()
+        self.g.constant_data(v)
     }
 
     /// The element type of a value, from its type or its constant data.

@@ -7,9 +7,9 @@ use crate::quantizer::weight_axes;
 /// Gives every subgraph below `g` (If branches, Loop and Scan bodies, at any depth) its own
 /// copy of the float constants it reads from an enclosing graph as the weight (input 1 of an
 /// op with a weight layout, [`weight_axes`]: Conv, ConvTranspose, Gemm, MatMul) and bias
-/// (input 2, with that weight). Quantization stores a weight as integers only when it is a
-/// constant of the weight's own graph; a weight captured from an enclosing graph would
-/// otherwise stay float. A captured name is resolved the way ONNX scopes it: through every
+/// (input 2, with that weight; for a MatMul, the constant an `Add` adds to its output).
+/// Quantization stores a weight as integers only when it is a constant of the weight's own
+/// graph; a weight captured from an enclosing graph would otherwise stay float. A captured name is resolved the way ONNX scopes it: through every
 /// graph between the reader and the graph that defines it, and only a float32 constant
 /// there is copied. The copy is an initializer of the reading subgraph named
 /// `<subgraph>.<weight>` (made unique); other readers of the captured value keep reading it,
@@ -81,6 +81,19 @@ fn localize_in(sub: &mut Graph, resolve: &dyn Fn(&str) -> Option<Tensor>) -> IrR
         captured.entry(name).or_insert((w, vec![])).1.push((sid, 1));
         if let Some((bias, b)) = sn.input(2).and_then(captured_const) {
             captured.entry(bias).or_insert((b, vec![])).1.push((sid, 2));
+        }
+        if sn.op_type == "MatMul" {
+            // The bias `Add(MatMul(x, W), b)` adds, which `matmul_add_to_gemm` then fuses.
+            for &(reader, _) in sn.output(0).map(|y| sub.consumers(y)).unwrap_or_default() {
+                let Ok(add) = sub.node(reader) else { continue };
+                if add.op_type != "Add" || !add.is_default_domain() {
+                    continue;
+                }
+                let other = (0..2).find(|&i| add.input(i) != sn.output(0));
+                if let Some((i, (bias, b))) = other.and_then(|i| Some((i, add.input(i).and_then(captured_const)?))) {
+                    captured.entry(bias).or_insert((b, vec![])).1.push((reader, i));
+                }
+            }
         }
     }
     let mut copies = 0;

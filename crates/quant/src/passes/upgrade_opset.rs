@@ -373,12 +373,7 @@ impl Cx<'_, '_> {
 
     /// Constant data of a value held by an initializer or made by a `Constant` node.
     fn const_data(&self, v: ValueId) -> Option<Tensor> {
-        let val = self.g.value(v).ok()?;
-        if val.is_constant() {
-            return val.initializer().cloned();
-        }
-        let (p, _) = val.producer()?;
-        self.g.node(p).ok()?.constant_tensor()
+        self.g.constant_data(v)
     }
 
     /// A scalar of the element type of `like` holding `v`: direct for float32/float64, else
