@@ -89,6 +89,22 @@ fn decoder() -> Model {
     Model { ir_version: 8, opset_imports: vec![OpsetImport { domain: String::new(), version: 13 }], graph: g, ..Default::default() }
 }
 
+/// ONNX Runtime's outputs of [`decoder`] and of `other` on three seeded inputs, as
+/// `(output name, decoder's, other's)`.
+fn ort_outputs_beside_decoder(other: &Model) -> Vec<(String, Tensor, Tensor)> {
+    let tmp = TempDir::new("loopinv");
+    let (orig, path) = (tmp.path().join("orig.onnx"), tmp.path().join("other.onnx"));
+    qforge_onnx::save(&decoder(), &orig).unwrap();
+    qforge_onnx::save(other, &path).unwrap();
+    let mut pairs = vec![];
+    for feed in seeded_feeds(&[("x", &[1, 3, 4, 4])], 3) {
+        for ((name, a), (_, b)) in ort_run(&orig, &feed, 1).into_iter().zip(ort_run(&path, &feed, 1)) {
+            pairs.push((name, a, b));
+        }
+    }
+    pairs
+}
+
 fn the_loop(m: &Model) -> &Node {
     m.graph.nodes().map(|(_, n)| n).find(|n| n.op_type == "Loop").expect("a Loop")
 }
@@ -115,15 +131,9 @@ fn fusion_reads_passed_on_values_from_the_main_graph_and_moves_the_projection_ou
     assert!((0..8).all(|i| (0..8).all(|j| folded[j * 8 + i] == w_out[i * 8 + j])), "the body's constant is w_out transposed");
 
     // ONNX Runtime computes the same outputs on the fused float model as on the original.
-    let tmp = TempDir::new("loopinv");
-    let (orig, fused_path) = (tmp.path().join("orig.onnx"), tmp.path().join("fused.onnx"));
-    qforge_onnx::save(&decoder(), &orig).unwrap();
-    qforge_onnx::save(&fused, &fused_path).unwrap();
-    for feed in seeded_feeds(&[("x", &[1, 3, 4, 4])], 3) {
-        for ((name, a), (_, b)) in ort_run(&orig, &feed, 1).iter().zip(ort_run(&fused_path, &feed, 1)) {
-            let (worst, ok) = compare(a, &b, 1e-5, 1e-6);
-            assert!(ok, "{name}: max |diff| {worst}");
-        }
+    for (name, a, b) in ort_outputs_beside_decoder(&fused) {
+        let (worst, ok) = compare(&a, &b, 1e-5, 1e-6);
+        assert!(ok, "{name}: max |diff| {worst}");
     }
 }
 
@@ -141,20 +151,14 @@ fn the_loop_quantizes_its_weights_as_weights_and_runs_close_to_float_in_onnx_run
         assert!(stored.iter().any(|s| s.ends_with(w)), "{w} is stored quantized: {stored:?}");
     }
 
-    let tmp = TempDir::new("loopinvq");
-    let (orig, qpath) = (tmp.path().join("orig.onnx"), tmp.path().join("q.onnx"));
-    qforge_onnx::save(&decoder(), &orig).unwrap();
-    qforge_onnx::save(&m, &qpath).unwrap();
     // 8-bit activations and weights through a Conv, two MatMuls and three Tanh per step, over
     // five steps: a few steps of 1/255 of each output's range; a lost or stale weight would
     // be off by a good part of it.
-    for feed in seeded_feeds(&[("x", &[1, 3, 4, 4])], 3) {
-        for ((name, a), (_, b)) in ort_run(&orig, &feed, 1).iter().zip(ort_run(&qpath, &feed, 1)) {
-            let (a, b) = (a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
-            let range = a.iter().fold(f32::MIN, |m, &v| m.max(v)) - a.iter().fold(f32::MAX, |m, &v| m.min(v));
-            let worst = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
-            println!("{name}: max |quantized - float| {worst:.4} over a range of {range:.3}");
-            assert!(worst <= 0.05 * range.max(1e-3), "{name}: max |diff| {worst} over a range of {range}");
-        }
+    for (name, a, b) in ort_outputs_beside_decoder(&m) {
+        let (a, b) = (a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
+        let range = a.iter().fold(f32::MIN, |m, &v| m.max(v)) - a.iter().fold(f32::MAX, |m, &v| m.min(v));
+        let worst = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        println!("{name}: max |quantized - float| {worst:.4} over a range of {range:.3}");
+        assert!(worst <= 0.05 * range.max(1e-3), "{name}: max |diff| {worst} over a range of {range}");
     }
 }
