@@ -170,7 +170,7 @@ pub struct Fused {
     pub affine_folded: usize,
     /// MatMul + Add pairs rewritten as one Gemm ([`matmul_add_to_gemm`]).
     pub matmul_add_fused: usize,
-    /// Loop-carried variables that loops pass on unchanged, now read from the enclosing graph
+    /// Loop-carried constants that loops pass on unchanged, now read from the enclosing graph
     /// ([`uncarry_loop_invariants`]).
     pub loop_carried_uncarried: usize,
     /// Loop-invariant nodes moved out of Loop bodies ([`hoist_loop_invariants`]).

@@ -107,8 +107,8 @@ pub struct Report {
     pub affine_folded: usize,
     /// MatMul + Add(bias) pairs rewritten as one Gemm.
     pub matmul_add_fused: usize,
-    /// Loop-carried variables that their Loop passes on unchanged, now read from the
-    /// enclosing graph (weights among them are then quantized as weights).
+    /// Loop-carried constants (weights) that their Loop passes on unchanged, now read from the
+    /// enclosing graph and quantized as weights.
     pub loop_carried_uncarried: usize,
     /// Loop-invariant nodes moved out of Loop bodies, computed once per Loop run.
     pub loop_invariants_hoisted: usize,
@@ -553,7 +553,7 @@ impl Report {
             self.total_seconds, self.opset.0, self.opset.1, self.affine_folded,
             if self.matmul_add_fused > 0 { format!("; {} MatMul+Add pair(s) made Gemm", self.matmul_add_fused) } else { String::new() });
         if self.loop_carried_uncarried + self.loop_invariants_hoisted > 0 {
-            let _ = writeln!(s, "loops: {} loop-carried value(s) passed on unchanged now read from the enclosing graph; {} loop-invariant node(s) moved before their Loop", self.loop_carried_uncarried, self.loop_invariants_hoisted);
+            let _ = writeln!(s, "loops: {} loop-carried constant(s) passed on unchanged now read from the enclosing graph; {} loop-invariant node(s) moved before their Loop", self.loop_carried_uncarried, self.loop_invariants_hoisted);
         }
         let mut float: BTreeMap<(String, String), usize> = BTreeMap::new();
         for n in self.nodes.iter().filter(|n| !n.quantized) {

@@ -1,9 +1,9 @@
 //! A Paddle2ONNX-style decoder Loop: the weights and the feature map it reads are loop-carried
 //! variables the body passes on unchanged (directly, through Identity, and through
-//! `Squeeze(Unsqueeze(w) + 0)`). Fusion reads them from the main graph instead, moves the
-//! feature projection out of the loop, and quantizes the body's weights as weights; ONNX
-//! Runtime (the oracle) computes the same outputs on the fused float model as on the original,
-//! and close ones on the quantized model.
+//! `Squeeze(Unsqueeze(w) + 0)`). Fusion reads the weights from the main graph instead, moves
+//! `Transpose(w_out)` out of the loop, where it folds, and quantizes the body's weights as
+//! weights; the feature map stays carried. ONNX Runtime (the oracle) computes the same outputs
+//! on the fused float model as on the original, and close ones on the quantized model.
 
 use qforge_ir::{Attr, DType, Graph, Model, Node, OpsetImport, Tensor, ValueId, ValueType};
 use qforge_quant::backend::BackendConfig;
@@ -110,18 +110,18 @@ fn the_loop(m: &Model) -> &Node {
 }
 
 #[test]
-fn fusion_reads_passed_on_values_from_the_main_graph_and_moves_the_projection_out() {
+fn fusion_reads_passed_on_weights_from_the_main_graph_and_moves_their_transpose_out() {
     let mut fused = decoder();
     let f = fuse(&mut fused).unwrap();
-    // Moved: the projection and Transpose(w_out), which the main graph then folds.
-    assert_eq!((f.loop_carried_uncarried, f.loop_invariants_hoisted), (4, 2));
+    // Uncarried: the three weights. Moved: Transpose(w_out), which the main graph then folds.
+    assert_eq!((f.loop_carried_uncarried, f.loop_invariants_hoisted), (3, 1));
     let lp = the_loop(&fused);
-    assert_eq!(lp.inputs.len(), 3, "trip count, condition and h stay");
-    assert_eq!(lp.outputs.len(), 2, "h and the scan output stay");
     let g = &fused.graph;
-    let proj = g.nodes().map(|(_, n)| n).find(|n| n.name == "proj").expect("the projection is in the main graph");
-    assert_eq!(g.value_name(proj.input(0).unwrap()), "feats");
+    let inputs: Vec<String> = lp.inputs.iter().flatten().map(|v| g.value_name(*v)).collect();
+    assert_eq!(inputs, ["trips", "h0", "feats"], "the feature map, an activation, stays carried");
+    assert_eq!(lp.outputs.len(), 3, "h, the feature map and the scan output stay");
     let body = lp.subgraphs().next().unwrap().1;
+    assert!(body.nodes().any(|(_, n)| n.name == "proj"), "the projection reads the carried feature map");
     let out_mm = body.nodes().map(|(_, n)| n).find(|n| n.op_type == "Gemm" || n.name == "out_mm").unwrap();
     let w = body.value(out_mm.input(1).unwrap()).unwrap();
     assert!(w.is_constant(), "Transpose(w_out) is a constant of the body");
@@ -144,8 +144,8 @@ fn the_loop_quantizes_its_weights_as_weights_and_runs_close_to_float_in_onnx_run
     let q = ConfigQuantizer { backend, mapping };
     let samples = seeded_feeds(&[("x", &[1, 3, 4, 4])], 8);
     let (m, report) = quantize(&decoder(), &q, &samples, &QuantizeOptions::default(), &mut |_, _| {}).unwrap();
-    assert_eq!((report.loop_carried_uncarried, report.loop_invariants_hoisted), (4, 2));
-    assert!(report.summary().contains("4 loop-carried value(s) passed on unchanged"), "{}", report.summary());
+    assert_eq!((report.loop_carried_uncarried, report.loop_invariants_hoisted), (3, 1));
+    assert!(report.summary().contains("3 loop-carried constant(s) passed on unchanged"), "{}", report.summary());
     let stored: Vec<&str> = report.constants.iter().map(|c| c.value.as_str()).collect();
     for w in ["w_att", "w_out_t"] {
         assert!(stored.iter().any(|s| s.ends_with(w)), "{w} is stored quantized: {stored:?}");

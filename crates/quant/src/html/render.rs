@@ -111,7 +111,7 @@ fn summary(out: &mut String, r: &HtmlReport) {
         ("constants stored quantized", rep.constants.len().to_string()),
         ("affine nodes folded into weights", rep.affine_folded.to_string()),
         ("MatMul+Add pairs made Gemm", rep.matmul_add_fused.to_string()),
-        ("loop-carried values uncarried / loop invariants moved", format!("{} / {}", rep.loop_carried_uncarried, rep.loop_invariants_hoisted)),
+        ("loop-carried constants uncarried / loop invariants moved", format!("{} / {}", rep.loop_carried_uncarried, rep.loop_invariants_hoisted)),
         ("opset", format!("{} -> {}", rep.opset.0, rep.opset.1)),
         ("weight rounding", if rep.gptq_enabled { format!("gptq: {}", rep.gptq_summary()) } else { "nearest".into() }),
         ("calibration time", format!("{:.2} s", rep.calibration_seconds)),

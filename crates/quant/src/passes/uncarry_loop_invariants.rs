@@ -2,23 +2,27 @@ use qforge_ir::{Graph, IrResult, NodeId, Patch, ValueId, CAPTURE_USE};
 
 use super::{loop_body, loop_body_mut, loops};
 
-/// Turns the loop-carried variables of every Loop (at any depth) that its body passes on
-/// unchanged into values the body reads from the enclosing graph.
+/// Turns the loop-carried variables of every Loop (at any depth) that hold a constant of the
+/// enclosing graph and that the body passes on unchanged into constants the body reads from
+/// the enclosing graph.
 ///
 /// A variable passes through when the body's output for it is its body input, through any
 /// chain of `Identity`, `Squeeze` undoing an `Unsqueeze` on the same axes, and `Add`/`Sub` of
 /// zeros or `Mul`/`Div` by ones that do not broadcast the value to another shape (see
-/// [`identity_source`]). Paddle2ONNX carries every weight and feature map a decoder reads
-/// through its Loop that way. Such a variable holds its initial value at every iteration and
-/// after the loop, so the Loop loses its input, body input, body output and output; the body
-/// reads the initial value by name instead, and readers of the Loop output read the initial
-/// value. Weights then are constants the body reads, which `localize_captured_weights` makes
-/// its own, and what the body computes from them alone becomes a loop invariant for
-/// `hoist_loop_invariants`.
+/// [`identity_source`]). Paddle2ONNX carries every weight a decoder reads through its Loop
+/// that way. Such a variable holds its initial value at every iteration and after the loop,
+/// so the Loop loses its input, body input, body output and output; the body reads the
+/// constant by name instead, and readers of the Loop output read the constant. Weights then
+/// are constants the body reads, which `localize_captured_weights` makes its own, and what the
+/// body computes from them alone becomes a loop invariant for `hoist_loop_invariants`.
 ///
-/// A variable is kept when its Loop output is a graph output or is read by a nested graph,
-/// when a nested graph reads its body input, or when the body already has a value named like
-/// the initial value. Returns the number of variables removed.
+/// Activations passed on unchanged (a decoder's feature map) stay carried: read by name, a
+/// value that float data movement computes from a dequantized one is what ONNX Runtime's
+/// `QDQPropagationTransformer` propagates Q/DQ onto, and it aborts on a subgraph's implicit
+/// input (an `stl_vector.h` assertion at session creation, ONNX Runtime 1.31). A variable is also
+/// kept when its Loop output is a graph output or is read by a nested graph, when a nested
+/// graph reads its body input, or when the body already has a value named like the constant.
+/// Returns the number of variables removed.
 pub fn uncarry_loop_invariants(g: &mut Graph) -> IrResult<usize> {
     let mut removed = super::rewrite_subgraphs(g, "uncarry_loop_invariants", &uncarry_loop_invariants)?;
     for id in loops(g) {
@@ -41,7 +45,8 @@ fn uncarry(g: &mut Graph, id: NodeId) -> IrResult<usize> {
         let init = node.inputs[2 + k]?;
         let name = g.value_name(init);
         let out = node.outputs.get(k).copied().flatten();
-        let keep = !passes_through(body, o, b)
+        let keep = g.constant_data(init).is_none()
+            || !passes_through(body, o, b)
             || read_by_nested_graph(body, b)
             || body.value_by_name(&name).is_some_and(|x| x != b)
             || out.is_some_and(|out| g.is_output(out) || read_by_nested_graph(g, out));
