@@ -6,21 +6,23 @@ use qforge_runtime::NONDETERMINISTIC;
 use super::{loop_body, loop_body_mut, loops};
 
 /// Moves the nodes of every Loop body (at any depth, innermost first) that compute the same
-/// value at every iteration out of the loop, into the graph that holds the Loop.
+/// value from constants at every iteration out of the loop, into the graph that holds the Loop,
+/// where `fold_constants` then folds them.
 ///
 /// A node moves when it is of the default domain, holds no subgraph, is not random
-/// ([`NONDETERMINISTIC`]), and each of its inputs is a value the body reads from an enclosing
-/// graph, a constant of the body, or the output of a node moved before it, at least one of
-/// them not a constant (constant
-/// subexpressions are `fold_constants`' work). The body then reads the node's outputs by name,
-/// as it reads other values of enclosing graphs; the body constants a moved node reads are
-/// copied into the holding graph. A node whose output is a body output, or whose output name
-/// the holding graph already has, stays.
+/// ([`NONDETERMINISTIC`]), and each of its inputs is a constant of the holding graph that the
+/// body reads by name, a constant of the body, or the output of a node moved before it, at
+/// least one of them not a body constant (constant subexpressions of the body are
+/// `fold_constants`' work there). A `Transpose` of a weight read from the main graph is the
+/// common case: moved and folded, it is a constant the body reads as a weight. The body then
+/// reads the node's outputs by name; the body constants a moved node reads are copied into
+/// the holding graph. A node whose output is a body output, or whose output name the holding
+/// graph already has, stays.
 ///
-/// The Loop computes the same values, and the moved nodes run once per Loop run instead of
-/// once per iteration, also when the loop runs no iteration at all. Calibration then observes a
-/// moved value once per sample, where it observed it once per iteration. Returns the number of
-/// nodes moved.
+/// Nodes computing from activations of enclosing graphs stay too: moved, a value that float
+/// data movement computes from a dequantized one and that the body reads by name is what ONNX
+/// Runtime's `QDQPropagationTransformer` propagates Q/DQ onto, and it aborts on a subgraph's
+/// implicit input (see `uncarry_loop_invariants`). Returns the number of nodes moved.
 pub fn hoist_loop_invariants(g: &mut Graph) -> IrResult<usize> {
     let mut moved = super::rewrite_subgraphs(g, "hoist_loop_invariants", &hoist_loop_invariants)?;
     let mut here = 0;
@@ -44,12 +46,12 @@ fn movable(n: &Node) -> bool {
 fn hoist(g: &mut Graph, id: NodeId) -> IrResult<usize> {
     let mut node = g.node(id)?.clone();
     let Some(body) = loop_body(&node) else { return Ok(0) };
-    // Per invariant body value: whether it depends on a value of an enclosing graph (true) or
-    // is a constant (false).
+    // Per invariant body value: whether it depends on a constant of `g` (true) or is a
+    // constant of the body (false).
     let mut invariant: HashMap<ValueId, bool> = HashMap::new();
     for (v, val) in body.values() {
         match val.kind() {
-            ValueKind::Outer if g.value_by_name(&val.name).is_some() => {
+            ValueKind::Outer if g.value_by_name(&val.name).is_some_and(|x| g.constant_data(x).is_some()) => {
                 invariant.insert(v, true);
             }
             ValueKind::Initializer if val.is_constant() => {
@@ -131,9 +133,9 @@ mod tests {
 
     use super::*;
 
-    /// A Loop computing `acc = acc + Tanh(Transpose(w) + x) * s` where `x` and `w` come from the
-    /// main graph: `Transpose(w)` and the Add reading it and `x` are invariant, the `Tanh` too;
-    /// the Mul by the carried `s` is not.
+    /// A Loop computing `s = s * Tanh((Transpose(w) + 0.5) + x)`, where the constant `w` and the
+    /// activation `x` come from the main graph: `Transpose(w)` and the Add of the body constant
+    /// 0.5 are invariant constants; the Add reading `x`, and what follows, stay.
     fn invariant_loop() -> Graph {
         let f32_ty = |shape: &[i64]| Some(ValueType::tensor_of(DType::F32, shape));
         let mut body = Graph::new("body");
@@ -142,24 +144,23 @@ mod tests {
         let s = body.add_input("s_in", f32_ty(&[2, 2])).unwrap();
         let (x, w) = (body.add_outer("x").unwrap(), body.add_outer("w").unwrap());
         let half = body.add_initializer("half", Tensor::scalar(0.5f32)).unwrap();
-        let vals: Vec<ValueId> = ["wt", "sum", "t", "th", "s_out", "cond_out"].iter().map(|n| body.new_value(*n, None).unwrap()).collect();
-        let [wt, sum, t, th, s_out, cond_out] = vals[..] else { unreachable!() };
+        let vals: Vec<ValueId> = ["wt", "wb", "sum", "t", "s_out", "cond_out"].iter().map(|n| body.new_value(*n, None).unwrap()).collect();
+        let [wt, wb, sum, t, s_out, cond_out] = vals[..] else { unreachable!() };
         body.add_node(Node::new("Transpose", "tr").with_inputs([w]).with_outputs([wt])).unwrap();
-        body.add_node(Node::new("Add", "add").with_inputs([wt, x]).with_outputs([sum])).unwrap();
+        body.add_node(Node::new("Add", "shift").with_inputs([wt, half]).with_outputs([wb])).unwrap();
+        body.add_node(Node::new("Add", "add_x").with_inputs([wb, x]).with_outputs([sum])).unwrap();
         body.add_node(Node::new("Tanh", "tanh").with_inputs([sum]).with_outputs([t])).unwrap();
-        body.add_node(Node::new("Mul", "half").with_inputs([t, half]).with_outputs([th])).unwrap();
-        body.add_node(Node::new("Mul", "step").with_inputs([th, s]).with_outputs([s_out])).unwrap();
+        body.add_node(Node::new("Mul", "step").with_inputs([t, s]).with_outputs([s_out])).unwrap();
         body.add_node(Node::new("Identity", "c").with_inputs([cond]).with_outputs([cond_out])).unwrap();
         body.set_outputs(vec![cond_out, s_out]).unwrap();
 
         let mut g = Graph::new("main");
         let x = g.add_input("x", f32_ty(&[2, 2])).unwrap();
-        let w = g.add_initializer("w", Tensor::from_slice(&[2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap()).unwrap();
+        g.add_initializer("w", Tensor::from_slice(&[2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap()).unwrap();
         let trips = g.add_initializer("trips", Tensor::scalar(3i64)).unwrap();
         let out = g.new_value("s_final", None).unwrap();
         let mut lp = Node::new("Loop", "loop").with_inputs([trips, trips, x]).with_outputs([out]).with_attr("body", Attr::Graph(Box::new(body)));
         lp.inputs[1] = None;
-        let _ = w;
         g.add_node(lp).unwrap();
         g.set_outputs(vec![out]).unwrap();
         g.check().unwrap();
@@ -167,22 +168,22 @@ mod tests {
     }
 
     #[test]
-    fn invariant_nodes_move_before_the_loop_and_the_body_reads_their_outputs() {
+    fn invariants_of_constants_move_before_the_loop_and_the_body_reads_their_outputs() {
         let mut g = invariant_loop();
-        assert_eq!(hoist_loop_invariants(&mut g).unwrap(), 4);
+        assert_eq!(hoist_loop_invariants(&mut g).unwrap(), 2);
         g.check().unwrap();
         let order: Vec<String> = g.topo_order().unwrap().into_iter().map(|id| g.node(id).unwrap().name.clone()).collect();
-        assert_eq!(order, ["tr", "add", "tanh", "half", "loop"]);
+        assert_eq!(order, ["tr", "shift", "loop"]);
         let lp = g.nodes().map(|(_, n)| n).find(|n| n.op_type == "Loop").unwrap();
         let body = loop_body(lp).unwrap();
-        let names: Vec<&str> = body.nodes().map(|(_, n)| n.name.as_str()).collect();
-        assert_eq!(names.len(), 2, "{names:?}");
-        assert!(names.contains(&"step") && names.contains(&"c"));
-        assert_eq!(body.value(body.value_by_name("th").unwrap()).unwrap().kind(), ValueKind::Outer);
+        let mut names: Vec<&str> = body.nodes().map(|(_, n)| n.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["add_x", "c", "step", "tanh"], "nodes reading the activation x or the carried s stay");
+        assert_eq!(body.value(body.value_by_name("wb").unwrap()).unwrap().kind(), ValueKind::Outer);
         assert!(body.value_by_name("half").is_none(), "the constant moved with its reader");
         let captured: Vec<String> = lp.captures().iter().map(|v| g.value_name(*v)).collect();
-        assert_eq!(captured, ["th"]);
-        let copied = g.nodes().map(|(_, n)| n).find(|n| n.name == "half").unwrap();
+        assert_eq!(captured, ["wb", "x"]);
+        let copied = g.nodes().map(|(_, n)| n).find(|n| n.name == "shift").unwrap();
         assert_eq!(g.value_name(copied.input(1).unwrap()), "body.half");
     }
 
